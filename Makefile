@@ -1,0 +1,76 @@
+# Thin wrappers over `python -m train`. Every target that fails prints the underlying exit code
+# (make itself can only exit 2), and nothing here masks a failure.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+CONFIG ?= configs/default.yaml
+NPROC ?= auto
+RUN ?=
+SET ?=
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TRAIN_ARGS = --config $(CONFIG) --nproc $(NPROC) $(if $(RUN),--run $(RUN)) $(foreach s,$(SET),--set $(s))
+
+# Run a command; on failure say which exit code it returned, then fail with it.
+define checked
+	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
+endef
+
+.PHONY: help install train data cache fit evaluate test test-unit test-distributed test-integration lint format clean
+
+help: ## List the targets
+	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## Create .venv with the package and its dev tools (idempotent)
+
+$(STAMP): pyproject.toml constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "make install: $(PYTHON) not found; install Python 3.10+" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@touch $@
+
+train: install ## All stages: data, cache, training under torchrun, evaluation and report
+	$(call checked,$(BIN)/python -m train run $(TRAIN_ARGS))
+
+data: install ## Generate or locate each task's HDF5 data
+	$(call checked,$(BIN)/python -m train data $(TRAIN_ARGS))
+
+cache: install ## Build the memory-mapped caches
+	$(call checked,$(BIN)/python -m train cache $(TRAIN_ARGS))
+
+fit: install ## Train only (resumes from the newest checkpoint)
+	$(call checked,$(BIN)/python -m train fit $(TRAIN_ARGS))
+
+evaluate: install ## Test metrics and report of the newest checkpoint
+	$(call checked,$(BIN)/python -m train evaluate $(TRAIN_ARGS))
+
+test: install ## The whole test suite (unit, distributed, integration)
+	$(call checked,$(BIN)/python -m pytest $(PYTEST_ARGS))
+
+test-unit: install ## Unit tests only
+	$(call checked,$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS))
+
+test-distributed: install ## Tests with 2 gloo ranks
+	$(call checked,$(BIN)/python -m pytest tests/distributed $(PYTEST_ARGS))
+
+test-integration: install ## torchrun end-to-end tests
+	$(call checked,$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS))
+
+lint: install ## ruff lint and format check
+	$(call checked,$(BIN)/ruff check .)
+	$(call checked,$(BIN)/ruff format --check .)
+
+format: install ## Apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean: ## Remove generated data, caches and runs (keeps .venv)
+	rm -rf data cache runs

@@ -1,0 +1,59 @@
+"""Helpers shared by the test tiers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.multiprocessing as mp
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, fn: Callable, world_size: int, port: int, args: tuple) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        OMP_NUM_THREADS="1",
+    )
+    fn(rank, *args)
+
+
+def run_ranks(fn: Callable, world_size: int, *args) -> None:
+    """Run ``fn(rank, *args)`` in ``world_size`` fresh processes set up like torchrun's ranks (gloo)."""
+    mp.start_processes(_entry, args=(fn, world_size, free_port(), args), nprocs=world_size, start_method="spawn")
+
+
+def run_cli(*args: str, cwd: Path = REPO, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m train ARGS`` in a subprocess; returns the completed process (never raises on failure)."""
+    return subprocess.run(
+        [sys.executable, "-m", "train", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def folders(tmp: Path) -> list[str]:
+    """--set overrides that keep data, caches and runs of a test inside its tmp folder."""
+    return [
+        "--set", f"run.data_dir={tmp / 'data'}",
+        "--set", f"run.cache_dir={tmp / 'cache'}",
+        "--set", f"run.runs_dir={tmp / 'runs'}",
+    ]  # fmt: skip

@@ -1,0 +1,90 @@
+"""The whole pipeline through the CLI and torchrun (2 gloo ranks) on the tiny config."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from tests.helpers import folders, run_cli
+
+pytestmark = pytest.mark.integration
+
+TINY = ["--config", "configs/tiny.yaml", "--nproc", "2"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One tiny training run, shared by the tests that inspect what it wrote."""
+    tmp = tmp_path_factory.mktemp("pipeline")
+    proc = run_cli("run", *TINY, *folders(tmp))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return tmp, proc
+
+
+def test_run_writes_the_run_folder_contract(trained):
+    tmp, _ = trained
+    run = tmp / "runs" / "tiny"
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["run"]["name"] == "tiny" and set(config["tasks"]) == {"advection1d", "darcy2d"}
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if "loss" in r]
+    assert train_records and all(
+        {"step", "loss", "loss/advection1d", "loss/darcy2d", "lr"} <= r.keys() for r in train_records
+    )
+    assert [r["step"] for r in train_records] == sorted(r["step"] for r in train_records)
+    assert any("val/darcy2d" in r for r in records)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch_0001.pt", "epoch_0002.pt"]
+    assert {"rank0.log", "rank1.log"} <= {p.name for p in (run / "logs").iterdir()}
+    assert "training" in (run / "logs" / "rank1.log").read_text()
+    summary = json.loads((run / "report" / "summary.json").read_text())
+    assert set(summary) == {"advection1d", "darcy2d"}
+    for scores in summary.values():
+        for key in ("nrmse", "rmse", "baseline_nrmse"):
+            assert math.isfinite(scores[key]) and scores[key] > 0
+    md = (run / "report" / "summary.md").read_text()
+    assert "advection1d" in md and "darcy2d" in md
+    assert not list(tmp.rglob("*.tmp")), "temporary files left behind"
+
+
+def test_rerun_is_a_no_op(trained):
+    tmp, _ = trained
+    checkpoints = sorted((tmp / "runs" / "tiny" / "checkpoints").iterdir())
+    before = {p: p.stat().st_mtime_ns for p in checkpoints}
+    report = tmp / "runs" / "tiny" / "report" / "summary.json"
+    report_before = report.stat().st_mtime_ns
+    proc = run_cli("run", *TINY, *folders(tmp))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "launching" not in proc.stderr
+    assert "up to date" in proc.stderr
+    assert {p: p.stat().st_mtime_ns for p in checkpoints} == before
+    assert report.stat().st_mtime_ns == report_before
+
+
+def test_more_epochs_resume_from_the_newest_checkpoint(trained, tmp_path):
+    tmp, _ = trained
+    proc = run_cli("fit", *TINY, *folders(tmp), "--set", "train.epochs=3", "--run", "tiny_more")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # A new run name trains from scratch; the same name with more epochs must refuse (config differs).
+    proc = run_cli("fit", *TINY, *folders(tmp), "--set", "train.epochs=3")
+    assert proc.returncode == 2
+    assert "train.epochs" in proc.stderr and "different config" in proc.stderr
+
+
+def test_evaluate_alone_rewrites_the_report(trained):
+    tmp, _ = trained
+    report = tmp / "runs" / "tiny" / "report" / "summary.json"
+    report.unlink()
+    proc = run_cli("evaluate", *TINY, *folders(tmp))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "fit" not in proc.stderr.split("--stages", 1)[1].split()[0]
+    assert set(json.loads(report.read_text())) == {"advection1d", "darcy2d"}
+
+
+def test_single_process_run(tmp_path):
+    proc = run_cli("run", "--config", "configs/tiny.yaml", "--nproc", "1", *folders(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (tmp_path / "runs" / "tiny" / "report" / "summary.json").is_file()
+    assert not (tmp_path / "runs" / "tiny" / "logs" / "rank1.log").exists()

@@ -1,0 +1,52 @@
+"""Atomic file writes: a crash never leaves a half-written file under its final name."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def fsync_dir(directory: Path) -> None:
+    """Persist a rename: the directory entry itself must reach the disk, not only the file."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path | str) -> Iterator[Path]:
+    """Yield a temporary path beside ``final``; on success fsync it and rename it into place.
+
+    The temporary file lives in the same folder so that ``os.replace`` is a rename on one file
+    system (atomic), never a copy. On any exception the temporary file is removed and ``final``
+    keeps whatever it held before.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(final: Path | str, text: str) -> None:
+    with atomic_path(final) as tmp:
+        tmp.write_text(text)
+
+
+def write_json_atomic(final: Path | str, obj: object) -> None:
+    write_text_atomic(final, json.dumps(obj, indent=2, sort_keys=True) + "\n")

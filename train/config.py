@@ -1,0 +1,300 @@
+"""Typed configuration: defaults in code, YAML and ``--set key=value`` on top, every key validated.
+
+The schema is a tree of frozen pydantic models. Unknown keys and wrong types are errors that name the
+key path (and the nearest valid key), so a typo never silently trains the wrong thing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from train.errors import ConfigError
+
+PDE = Literal["advection1d", "burgers1d", "darcy2d", "cfd1d", "cfd2d"]
+AUTOREGRESSIVE_PDES = ("advection1d", "burgers1d", "cfd1d", "cfd2d")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
+
+
+class TaskConfig(Section):
+    pde: PDE
+    """Equation family: picks the generator, the HDF5 keys read and how samples are formed."""
+    source: str = "generate"
+    """'generate' writes a small dataset locally; otherwise the path of a PDEBench single-file HDF5 file."""
+    n_samples: int = Field(1000, ge=10)
+    """Samples to generate (source 'generate' only)."""
+    resolution: int = Field(256, ge=8)
+    """Grid points per spatial axis when generating (source 'generate' only)."""
+    coefficient: float = 0.1
+    """PDE coefficient when generating: beta for advection and Darcy, nu for Burgers."""
+    seed: int = 0
+    """Seed of the generated dataset."""
+    spatial_stride: int = Field(1, ge=1)
+    """Keep every n-th grid point along each spatial axis (PDEBench's reduced_resolution)."""
+    temporal_stride: int = Field(1, ge=1)
+    """Keep every n-th saved frame (PDEBench's reduced_resolution_t); autoregressive tasks only."""
+    initial_step: int = Field(10, ge=1)
+    """Frames given to the model; it predicts the next one and rolls out to the last (autoregressive only)."""
+    test_fraction: float = Field(0.1, gt=0, lt=1)
+    """Share of samples held out for test: the FIRST ones, as in PDEBench's single-file datasets."""
+    val_fraction: float = Field(0.1, ge=0, lt=1)
+    """Share of samples for validation, taken right after the test samples; 0 disables validation."""
+    batch_size: int = Field(32, ge=1)
+    """Training samples per rank per step."""
+    patch_size: int = Field(8, ge=1)
+    """Grid points per token along each spatial axis; must divide the strided grid."""
+    loss_weight: float = Field(1.0, gt=0)
+    """Weight of this task's loss in the summed multi-task loss."""
+
+
+class ModelConfig(Section):
+    d_model: int = Field(96, ge=8)
+    """Width of the shared transformer processor."""
+    n_heads: int = Field(4, ge=1)
+    """Attention heads; must divide d_model."""
+    n_layers: int = Field(4, ge=1)
+    """Transformer blocks in the shared processor."""
+    mlp_ratio: int = Field(4, ge=1)
+    """Hidden width of each block's MLP, as a multiple of d_model."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout inside the transformer blocks."""
+
+
+class TrainConfig(Section):
+    epochs: int = Field(10, ge=1)
+    """Training epochs."""
+    steps_per_epoch: int | None = Field(None, ge=1)
+    """Optimizer steps per epoch; default: enough for one pass over the largest task's training windows."""
+    lr: float = Field(1e-3, gt=0)
+    """Peak learning rate of AdamW."""
+    weight_decay: float = Field(1e-4, ge=0)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(50, ge=0)
+    """Linear warm-up steps before the cosine decay."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    compile: bool | Literal["auto"] = "auto"
+    """torch.compile the DDP model: true, false, or auto (on with CUDA; off on CPU, where it costs more than
+    it saves at these model sizes)."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile mode; 'reduce-overhead' uses CUDA graphs, which break DDP, so it is coerced to 'default'."""
+    num_workers: int = Field(0, ge=0)
+    """DataLoader worker processes per rank."""
+    log_every: int = Field(20, ge=1)
+    """Write a metrics line every n steps."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Epoch checkpoints kept; older ones are deleted after a newer one is safely written."""
+    eval_batch_size: int = Field(64, ge=1)
+    """Samples per rank per evaluation batch."""
+
+
+class DistConfig(Section):
+    nproc: int | Literal["auto"] = "auto"
+    """Processes per node: auto = one per visible GPU, or cpu_nproc without GPUs."""
+    cpu_nproc: int = Field(2, ge=1)
+    """Processes launched by nproc=auto when no GPU is visible."""
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """Process-group backend: auto = nccl on CUDA, gloo on CPU."""
+    timeout_s: int = Field(300, ge=10)
+    """Seconds a collective (or the rendezvous) may wait for a peer before failing with an error."""
+    max_restarts: int = Field(0, ge=0)
+    """Times torchrun restarts the whole group after a rank fails."""
+
+
+class RunConfig(Section):
+    name: str | None = None
+    """Run folder name under runs_dir; default: the config file's stem."""
+    runs_dir: str = "runs"
+    """Where run folders (config, metrics, logs, checkpoints, report) go."""
+    data_dir: str = "data"
+    """Where generated or downloaded HDF5 files go (data/<task>/...)."""
+    cache_dir: str = "cache"
+    """Where memory-mapped training caches go (cache/<task>/<hash>/...)."""
+    seed: int = 0
+    """Seed of model initialisation, sampling order and dropout."""
+
+
+class Config(Section):
+    tasks: dict[str, TaskConfig] = Field(min_length=1)
+    """Tasks by name; every step trains on one batch of each."""
+    model: ModelConfig = ModelConfig()
+    """The multi-task surrogate."""
+    train: TrainConfig = TrainConfig()
+    """Optimisation, checkpoints and logging."""
+    dist: DistConfig = DistConfig()
+    """Launch and process-group settings."""
+    run: RunConfig = RunConfig()
+    """Names and folders."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_consistency(self) -> Config:
+        if self.model.d_model % self.model.n_heads:
+            raise ValueError(
+                f"model.d_model ({self.model.d_model}) must be a multiple of model.n_heads ({self.model.n_heads})"
+            )
+        for name in self.tasks:
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+                raise ValueError(f"task name {name!r} must be letters, digits and '_', starting with a letter")
+        for name, task in self.tasks.items():
+            if task.test_fraction + task.val_fraction >= 0.9:
+                raise ValueError(
+                    f"tasks.{name}: test_fraction + val_fraction must leave at least 10% of samples for training"
+                )
+        return self
+
+
+# YAML 1.1 (PyYAML) reads "1e-3" as a string; users mean a float.
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$|^[-+]?\d[\d_]*\.\d*$|^[-+]?\.\d+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str, origin: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{origin}: not valid YAML: {e}") from None
+
+
+def apply_override(tree: dict, override: str) -> None:
+    """Set ``a.b.c=value`` in a nested dict; the value is parsed as YAML (``3`` is an int, ``x`` a string)."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {override!r} must look like key.path=value, e.g. train.epochs=3")
+    parts = key.strip().split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {'.'.join(parts[: i + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = parse_yaml(raw, f"override {override!r}")
+
+
+def _walk(loc: tuple) -> tuple[list[str], list[str]]:
+    """Split a pydantic error location into the user's key path and the valid keys at its end.
+
+    Pydantic adds the member of a union type to the location ('train.compile.bool'); those parts are
+    not keys the user wrote, so they are dropped.
+    """
+    node: Any = Config
+    path: list[str] = []
+    for part in loc:
+        if isinstance(node, tuple):  # ("dict", value type): this part is a key the user chose
+            path.append(str(part))
+            node = node[1]
+            continue
+        if isinstance(node, type) and issubclass(node, BaseModel) and str(part) in node.model_fields:
+            path.append(str(part))
+            annotation = node.model_fields[str(part)].annotation
+            is_dict = getattr(annotation, "__origin__", None) is dict
+            node = ("dict", annotation.__args__[-1]) if is_dict else annotation
+        elif isinstance(node, type) and issubclass(node, BaseModel):
+            path.append(str(part))  # an unknown key: the end of the path
+            break
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return path, list(node.model_fields)
+    return path, []
+
+
+def _describe(errors: list[dict]) -> list[str]:
+    by_path: dict[str, list[dict]] = {}
+    lines = []
+    for error in errors:
+        loc = tuple(error["loc"])
+        if error["type"] == "extra_forbidden":
+            path, _ = _walk(loc)
+            _, valid = _walk(loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f" (did you mean '{'.'.join(path[:-1] + close)}'?)" if close else ""
+            lines.append(f"unknown key '{'.'.join(path)}'{hint}")
+        elif error["type"] == "missing":
+            lines.append(f"missing required key '{'.'.join(_walk(loc)[0])}'")
+        elif error["type"] == "value_error":
+            where = ".".join(_walk(loc)[0])
+            msg = error["msg"].removeprefix("Value error, ")
+            lines.append(f"'{where}': {msg}" if where else msg)
+        else:
+            by_path.setdefault(".".join(_walk(loc)[0]), []).append(error)
+    for path, errs in by_path.items():
+        msgs = " or ".join(dict.fromkeys(e["msg"] for e in errs))
+        lines.append(f"'{path}': {msgs} (got {errs[0].get('input')!r})")
+    return lines
+
+
+def validate(tree: Any, origin: str) -> Config:
+    if tree is None:
+        tree = {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{origin}: the top level must be a mapping of sections, got {type(tree).__name__}")
+    try:
+        return Config.model_validate(tree)
+    except pydantic.ValidationError as e:
+        problems = "\n".join(f"  - {line}" for line in _describe(e.errors()))
+        raise ConfigError(f"{origin}: invalid config:\n{problems}") from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] = (), run_name: str | None = None) -> Config:
+    """Read a YAML config (or none: defaults only), apply ``key=value`` overrides, validate."""
+    tree: Any = {}
+    origin = "config"
+    if path is not None:
+        path = Path(path)
+        origin = str(path)
+        if not path.is_file():
+            raise ConfigError(f"config file '{path}' not found; pass an existing YAML file (see configs/)")
+        tree = parse_yaml(path.read_text(), origin)
+        if tree is None:
+            tree = {}
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{origin}: the top level must be a mapping of sections, got {type(tree).__name__}")
+        if path.stem and (tree.get("run") or {}).get("name") is None:
+            tree.setdefault("run", {})
+            if isinstance(tree["run"], dict):
+                tree["run"] = {**tree["run"], "name": path.stem}
+    for override in overrides:
+        apply_override(tree, override)
+    if run_name is not None:
+        if not isinstance(tree.get("run", {}), dict):
+            raise ConfigError(f"{origin}: 'run' must be a section")
+        tree["run"] = {**tree.get("run", {}), "name": run_name}
+    return validate(tree, origin)
+
+
+def to_yaml(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+# Settings that do not change what is trained: a run may continue under different ones.
+_RUNTIME_ONLY = ("dist.", "run.", "train.num_workers", "train.log_every", "train.eval_batch_size")
+
+
+def training_differences(a: Config, b: Config) -> list[str]:
+    """Keys whose values differ between two configs, ignoring settings that do not affect training."""
+    fa, fb = _flatten(a.model_dump(mode="json")), _flatten(b.model_dump(mode="json"))
+    keys = sorted(set(fa) | set(fb))
+    return [k for k in keys if not k.startswith(_RUNTIME_ONLY) and fa.get(k) != fb.get(k)]

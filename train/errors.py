@@ -1,0 +1,50 @@
+"""Project exceptions. Each cause has its own exit code, which travels unchanged to the shell."""
+
+from __future__ import annotations
+
+
+class TrainError(Exception):
+    """Base of every error a user can act on; ``str(error)`` says what is wrong and how to fix it."""
+
+    exit_code = 1
+
+
+class ConfigError(TrainError):
+    """Bad command line, config file, key, type or value."""
+
+    exit_code = 2
+
+
+class DataError(TrainError):
+    """Missing, unreadable or malformed data, or a cache that cannot be built."""
+
+    exit_code = 3
+
+
+class PreflightError(TrainError):
+    """The environment cannot run this launch (devices, /dev/shm, ports, disk)."""
+
+    exit_code = 4
+
+
+class DistributedError(TrainError):
+    """A rank failed, timed out or disagreed with the others."""
+
+    exit_code = 5
+
+
+class Preempted(TrainError):
+    """Stopped on request (SIGTERM/SIGUSR1) with a checkpoint saved; re-run the same command to resume."""
+
+    exit_code = 75
+
+
+EXIT_CODES = {
+    0: "success",
+    1: "unexpected error",
+    ConfigError.exit_code: "usage or config error",
+    DataError.exit_code: "data error",
+    PreflightError.exit_code: "environment/preflight error",
+    DistributedError.exit_code: "distributed runtime error",
+    Preempted.exit_code: "preempted, checkpoint saved (re-run to resume)",
+}

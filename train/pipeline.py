@@ -1,0 +1,137 @@
+"""The stages in order: data -> cache -> fit -> evaluate. Each is a no-op when its output is already valid.
+
+Data and cache run here, in the launcher, before any rank starts: no rank ever sits in a collective's
+timeout while a dataset is generated or a cache is built.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from train.atomic import write_json_atomic, write_text_atomic
+from train.config import Config, load_config, to_yaml, training_differences
+from train.data import generate
+from train.data.cache import CacheInfo, build_cache
+from train.dist.launch import launch, resolve_nproc
+from train.engine.checkpoint import latest_checkpoint, load_checkpoint
+from train.errors import ConfigError, DataError
+from train.model.multitask import TaskSpec, check_specs
+from train.obs.report import report_is_current
+from train.worker import INPUTS
+
+log = logging.getLogger(__name__)
+
+STAGES = ("data", "cache", "fit", "evaluate")
+
+
+def run_dir_of(cfg: Config) -> Path:
+    assert cfg.run.name, "load_config names every run"
+    return Path(cfg.run.runs_dir) / cfg.run.name
+
+
+def source_path(cfg: Config, name: str) -> Path:
+    task = cfg.tasks[name]
+    if task.source == "generate":
+        return Path(cfg.run.data_dir) / name / generate.pdebench_filename(task.pde, task.coefficient)
+    return Path(task.source).expanduser()
+
+
+def stage_data(cfg: Config) -> dict[str, Path]:
+    """Make every task's HDF5 file available: generate it (once) or check the given path."""
+    sources = {}
+    for name, task in cfg.tasks.items():
+        path = source_path(cfg, name)
+        if task.source != "generate":
+            if not path.is_file():
+                raise DataError(f"tasks.{name}.source: data file '{path}' not found; fix the path or use 'generate'")
+            log.info("data %s: using %s", name, path)
+        else:
+            if task.pde not in generate.PDES:
+                raise ConfigError(
+                    f"tasks.{name}: pde '{task.pde}' has no local generator ({', '.join(generate.PDES)} do); "
+                    f"set tasks.{name}.source to a PDEBench HDF5 file"
+                )
+            request = dict(
+                n_samples=task.n_samples, resolution=task.resolution, coefficient=task.coefficient, seed=task.seed
+            )
+            existing = generate.generator_params(path)
+            if existing is not None and all(existing.get(k) == v for k, v in request.items()):
+                log.info("data %s: up to date at %s", name, path)
+            else:
+                log.info("data %s: generating %d %s samples into %s", name, task.n_samples, task.pde, path)
+                generate.generate(task.pde, path, **request)
+        sources[name] = path
+    return sources
+
+
+def stage_cache(cfg: Config, sources: dict[str, Path]) -> dict[str, CacheInfo]:
+    infos = {name: build_cache(name, cfg.tasks[name], sources[name], Path(cfg.run.cache_dir)) for name in cfg.tasks}
+    problems = []
+    for name, info in infos.items():
+        task = cfg.tasks[name]
+        if info.autoregressive and task.initial_step >= info.n_frames:
+            problems.append(
+                f"tasks.{name}.initial_step={task.initial_step} leaves nothing to predict: the data has "
+                f"{info.n_frames} frames after temporal_stride={task.temporal_stride}"
+            )
+        problems += check_specs(
+            {name: TaskSpec(info.grid, info.in_channels, info.out_channels, task.patch_size, task.initial_step, True)}
+        )
+    if problems:
+        raise ConfigError("the data does not fit the config:\n  - " + "\n  - ".join(problems))
+    return infos
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    """Create runs/<name>/ with the resolved config; refuse a folder that holds a different run."""
+    run_dir = run_dir_of(cfg)
+    saved = run_dir / "config.yaml"
+    if saved.is_file():
+        previous = load_config(saved)
+        differences = training_differences(previous, cfg)
+        if differences:
+            raise ConfigError(
+                f"{run_dir} holds a run with a different config ({', '.join(differences)}); pick another run "
+                f"name (RUN=... or --run) or delete {run_dir} to start over"
+            )
+    write_text_atomic(saved, to_yaml(cfg))
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def fit_is_done(cfg: Config, run_dir: Path) -> bool:
+    path = latest_checkpoint(run_dir / "checkpoints")
+    return path is not None and load_checkpoint(path)["progress"]["epoch"] >= cfg.train.epochs
+
+
+def run_stages(cfg: Config, command: str, nproc: str | int | None = None) -> Path | None:
+    """Run ``command`` (a stage, or 'run' for all) and the stages it needs, skipping what is valid."""
+    sources = stage_data(cfg)
+    if command == "data":
+        return None
+    infos = stage_cache(cfg, sources)
+    if command == "cache":
+        return None
+    run_dir = prepare_run_dir(cfg)
+    write_json_atomic(run_dir / INPUTS, {name: str(info.path) for name, info in infos.items()})
+    stages = []
+    if command in ("run", "fit"):
+        if fit_is_done(cfg, run_dir):
+            log.info("fit: %s already holds %d trained epochs", run_dir, cfg.train.epochs)
+        else:
+            stages.append("fit")
+    if command in ("run", "evaluate"):
+        if not stages and report_is_current(run_dir, latest_checkpoint(run_dir / "checkpoints")):
+            log.info("evaluate: report in %s is up to date", run_dir / "report")
+        else:
+            stages.append("evaluate")
+    if stages:
+        launch(run_dir, resolve_nproc(nproc, cfg), cfg, ["--run-dir", str(run_dir), "--stages", ",".join(stages)])
+    if command in ("run", "evaluate"):
+        summary = json.loads((run_dir / "report" / "summary.json").read_text())
+        for name, r in summary.items():
+            log.info("%s: test nRMSE %.4g (baseline %.4g)", name, r["nrmse"], r["baseline_nrmse"])
+        log.info("run folder: %s", run_dir)
+    return run_dir

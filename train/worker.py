@@ -1,0 +1,96 @@
+"""The entry point of each rank under torchrun: join the group, train and/or evaluate, leave cleanly.
+
+Launched by ``python -m train run|fit|evaluate`` (never by hand): it reads everything from the run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
+
+from train.config import load_config
+from train.data.cache import CacheInfo
+from train.dist.env import DistEnv, destroy_distributed, init_distributed
+from train.engine.checkpoint import latest_checkpoint, load_checkpoint
+from train.engine.evaluate import TaskData, evaluate_split
+from train.engine.trainer import Trainer, build_model
+from train.errors import DataError, TrainError
+from train.model.multitask import TaskSpec
+from train.obs.log import MetricsWriter, setup_logging
+from train.obs.report import write_report
+
+log = logging.getLogger(__name__)
+
+INPUTS = "inputs.json"
+
+
+def load_tasks(run_dir: Path, cfg) -> list[TaskData]:
+    """The caches the launcher prepared for this run (run_dir/inputs.json), with each task's model spec."""
+    inputs = json.loads((run_dir / INPUTS).read_text())
+    tasks = []
+    for name, task in cfg.tasks.items():
+        info = CacheInfo.load(Path(inputs[name]))
+        if info is None:
+            raise DataError(f"task {name}: cache {inputs[name]} is missing or incomplete; run 'python -m train cache'")
+        spec = TaskSpec(
+            grid=info.grid,
+            in_channels=info.in_channels,
+            out_channels=info.out_channels,
+            patch_size=task.patch_size,
+            initial_step=task.initial_step,
+            autoregressive=info.autoregressive,
+        )
+        tasks.append(TaskData(name, info, spec))
+    return tasks
+
+
+def evaluate(cfg, env: DistEnv, tasks: list[TaskData], run_dir: Path) -> None:
+    path = latest_checkpoint(run_dir / "checkpoints")
+    if path is None:
+        raise DataError(f"no checkpoint in {run_dir / 'checkpoints'} to evaluate; train first (python -m train fit)")
+    model = build_model(cfg, tasks, env.device)
+    model.load_state_dict(load_checkpoint(path)["model"])
+    results = evaluate_split(model, tasks, env, "test", cfg.train.eval_batch_size)
+    for name, r in results.items():
+        log.info("test %s: nRMSE %.4g (baseline %.4g), RMSE %.4g", name, r["nrmse"], r["baseline_nrmse"], r["rmse"])
+    if env.is_main:
+        write_report(run_dir, results, path)
+        log.info("report written to %s", run_dir / "report")
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train.worker")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--stages", default="fit,evaluate", help="comma-separated: fit, evaluate")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.run_dir / "config.yaml")
+    env = DistEnv.from_environ(cfg.dist.backend)
+    setup_logging(f"rank{env.rank}", args.run_dir / "logs" / f"rank{env.rank}.log", console=env.is_main)
+    metrics = MetricsWriter(args.run_dir / "metrics.jsonl" if env.is_main else None)
+    try:
+        init_distributed(env, cfg.dist.timeout_s)
+        tasks = load_tasks(args.run_dir, cfg)
+        stages = args.stages.split(",")
+        if "fit" in stages:
+            Trainer(cfg, env, tasks, args.run_dir).fit(metrics)
+        if "evaluate" in stages:
+            evaluate(cfg, env, tasks, args.run_dir)
+    except TrainError as e:
+        log.error("%s", e)
+        # The launcher reads this file to name the failing rank's error in its summary.
+        get_error_handler().record_exception(e)
+        return e.exit_code
+    finally:
+        metrics.close()
+        destroy_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
