@@ -19,6 +19,12 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(final: Path | str) -> Iterator[Path]:
     """Yield a temporary path beside ``final``; on success fsync it and rename it into place.
@@ -30,7 +36,13 @@ def atomic_path(final: Path | str) -> Iterator[Path]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
+    try:
+        # mkstemp makes the file owner-only; give it the mode a plain open() would (shared data folders,
+        # volumes used by other users), or the mode of the file it replaces.
+        mode = final.stat().st_mode & 0o7777 if final.exists() else 0o666 & ~_umask()
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
     tmp = Path(tmp_name)
     try:
         yield tmp

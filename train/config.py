@@ -145,7 +145,7 @@ class Config(Section):
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
                 raise ValueError(f"task name {name!r} must be letters, digits and '_', starting with a letter")
         for name, task in self.tasks.items():
-            if task.test_fraction + task.val_fraction >= 0.9:
+            if task.test_fraction + task.val_fraction > 0.9 + 1e-9:
                 raise ValueError(
                     f"tasks.{name}: test_fraction + val_fraction must leave at least 10% of samples for training"
                 )
@@ -159,7 +159,7 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$|^[-+]?\d[\d_]*\.\d*$|^[-+]?\.\d+$"),
+    re.compile(r"^[-+]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)[eE][-+]?\d+$"),
     list("-+0123456789."),
 )
 
@@ -290,7 +290,18 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 # Settings that do not change what is trained: a run may continue under different ones.
-_RUNTIME_ONLY = ("dist.", "run.", "train.num_workers", "train.log_every", "train.eval_batch_size")
+_RUNTIME_ONLY = (
+    "dist.",
+    "run.name",
+    "run.runs_dir",
+    "run.data_dir",
+    "run.cache_dir",
+    "train.num_workers",
+    "train.log_every",
+    "train.eval_batch_size",
+    "train.keep_checkpoints",
+    "train.compile",
+)
 
 
 def training_differences(a: Config, b: Config) -> list[str]:

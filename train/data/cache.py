@@ -67,7 +67,10 @@ class CacheInfo:
 
 def fingerprint(source: Path) -> dict:
     """Identity of a source file: cheap to compute, changes whenever the file is rewritten."""
-    st = source.stat()
+    try:
+        st = source.stat()
+    except OSError as e:
+        raise DataError(f"data file '{source}' cannot be read: {e}") from None
     return {"path": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
@@ -89,25 +92,36 @@ def cache_path(cache_root: Path, name: str, task: TaskConfig, source: Path) -> P
 
 
 class _RunningStats:
-    """Per-channel mean and standard deviation over a stream of channels-last blocks (float64 sums)."""
+    """Per-channel mean and standard deviation over a stream of channels-last blocks.
+
+    Blocks are merged with Chan et al.'s pairwise update (float64), not E[x^2] - E[x]^2, which cancels
+    catastrophically for channels with a large mean and a small spread.
+    """
 
     def __init__(self) -> None:
         self.count = 0
-        self.total: np.ndarray | float = 0.0
-        self.total_sq: np.ndarray | float = 0.0
+        self.mean: np.ndarray | float = 0.0
+        self.m2: np.ndarray | float = 0.0
 
     def update(self, block: np.ndarray) -> None:
         flat = block.reshape(-1, block.shape[-1]).astype(np.float64)
-        self.count += flat.shape[0]
-        self.total = self.total + flat.sum(0)
-        self.total_sq = self.total_sq + np.square(flat).sum(0)
+        n = flat.shape[0]
+        if n == 0:
+            return
+        mean = flat.mean(0)
+        m2 = np.square(flat - mean).sum(0)
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + m2 + np.square(delta) * (self.count * n / total)
+        self.count = total
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
-        mean = self.total / self.count
-        var = np.maximum(self.total_sq / self.count - mean**2, 0.0)
-        # A constant channel (e.g. Darcy's two-valued coefficient in a tiny set) must not divide by zero.
-        std = np.where(np.sqrt(var) > 1e-12, np.sqrt(var), 1.0)
-        return mean, std
+        mean = np.asarray(self.mean, dtype=np.float64)
+        std = np.sqrt(np.asarray(self.m2, dtype=np.float64) / self.count)
+        # A constant channel (e.g. Darcy's two-valued coefficient in a tiny set) must not divide by ~zero.
+        constant = std <= 1e-6 * np.maximum(1.0, np.abs(mean))
+        return mean, np.where(constant, 1.0, std)
 
 
 def build_cache(name: str, task: TaskConfig, source: Path, cache_root: Path) -> CacheInfo:

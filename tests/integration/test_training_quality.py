@@ -1,0 +1,31 @@
+"""The shipped default config trains to beat its trivial baselines, and compiled DDP training works."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import folders, run_cli
+
+pytestmark = pytest.mark.integration
+
+
+def test_default_config_beats_the_trivial_baselines(tmp_path):
+    proc = run_cli("run", "--config", "configs/default.yaml", "--nproc", "2", *folders(tmp_path), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((tmp_path / "runs" / "default" / "report" / "summary.json").read_text())
+    assert set(summary) == {"advection1d", "darcy2d"}
+    for task, scores in summary.items():
+        assert scores["nrmse"] < scores["baseline_nrmse"], (task, scores)
+
+
+def test_compiled_ddp_training_with_reduce_overhead_coerced_to_default(tmp_path):
+    proc = run_cli(
+        "run", "--config", "configs/tiny.yaml", "--nproc", "2", "--set", "train.compile=true",
+        "--set", "train.compile_mode=reduce-overhead", *folders(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "reduce-overhead uses CUDA graphs" in proc.stderr
+    assert "torch.compile(mode=default)" in proc.stderr
+    assert (tmp_path / "runs" / "tiny" / "report" / "summary.json").is_file()

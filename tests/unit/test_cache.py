@@ -1,0 +1,360 @@
+"""Tests of the training caches: train-only normalisation, manifest, reuse, invalidation, atomic builds."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from train.config import TaskConfig
+from train.data import cache as cachemod
+from train.data.cache import MANIFEST, CacheInfo, build_cache, cache_path, require_split
+from train.data.generate import generate
+from train.errors import DataError
+
+CFD1D_KEYS = ("density", "pressure", "Vx")
+
+
+# ------------------------------------------------------------------------------------- file writers
+def write_tensor(path, data):
+    _, t, nx = data.shape
+    with h5py.File(path, "w") as f:
+        f.create_dataset("tensor", data=data.astype(np.float32))
+        f.create_dataset("x-coordinate", data=((np.arange(nx) + 0.5) / nx).astype(np.float32))
+        f.create_dataset("t-coordinate", data=(np.arange(t + 1) * 0.01).astype(np.float32))
+    return path
+
+
+def write_cfd(path, fields):
+    with h5py.File(path, "w") as f:
+        for key in CFD1D_KEYS:
+            f.create_dataset(key, data=fields[key].astype(np.float32))
+    return path
+
+
+def write_darcy(path, nu, u):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("nu", data=nu.astype(np.float32))
+        f.create_dataset("tensor", data=u.astype(np.float32))
+    return path
+
+
+def advection_data(seed=0, shape=(20, 9, 16)):
+    rng = np.random.default_rng(seed)
+    return (3.0 * rng.normal(size=shape) + 5.0).astype(np.float32)  # mean and scale far from 0 and 1
+
+
+def task(pde="advection1d", **kw):
+    return TaskConfig(pde=pde, **kw)
+
+
+def normalised(raw, train):
+    """(raw - mean) / std per channel with the statistics of ``train`` (float64 reference)."""
+    axes = tuple(range(train.ndim - 1))
+    t64 = train.astype(np.float64)
+    return (raw.astype(np.float64) - t64.mean(axes)) / t64.std(axes), t64.mean(axes), t64.std(axes)
+
+
+def snapshot(folder):
+    return {p.name: p.stat().st_mtime_ns for p in sorted(folder.iterdir())}
+
+
+def leftovers(root):
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.name.endswith(".tmp"))
+
+
+# ---------------------------------------------------------------------------------- normalisation
+@pytest.mark.parametrize(("ss", "ts"), [(1, 1), (2, 3)])
+def test_autoregressive_cache_normalised_with_train_stats(tmp_path, ss, ts):
+    data = advection_data()
+    src = write_tensor(tmp_path / "adv.hdf5", data)
+    t = task(spatial_stride=ss, temporal_stride=ts, test_fraction=0.1, val_fraction=0.2)
+    info = build_cache("adv", t, src, tmp_path / "cache")
+
+    raw = data[:, ::ts, ::ss][..., None]
+    test, val, train = raw[0:2], raw[2:6], raw[6:]  # 20 samples: test 2 FIRST, val 4 next, train 14
+    ref, mean, std = normalised(raw, train)
+    # the same statistics from train only must differ from all-sample ones, or the test proves nothing
+    assert not np.allclose(mean, raw.astype(np.float64).mean((0, 1, 2)), rtol=1e-3)
+
+    np.testing.assert_allclose(info.input_mean, mean, rtol=1e-6)
+    np.testing.assert_allclose(info.input_std, std, rtol=1e-6)
+    np.testing.assert_allclose(info.target_mean, mean, rtol=1e-6)
+    np.testing.assert_allclose(info.target_std, std, rtol=1e-6)
+    for split, part, lo, hi in (("test", test, 0, 2), ("val", val, 2, 6), ("train", train, 6, 20)):
+        arr = info.array(split)
+        assert isinstance(arr, np.memmap)
+        assert arr.dtype == np.float32
+        assert arr.shape == part.shape
+        np.testing.assert_allclose(arr, ref[lo:hi], rtol=1e-5, atol=1e-5)
+    train_arr = np.asarray(info.array("train"), dtype=np.float64)
+    np.testing.assert_allclose(train_arr.mean((0, 1, 2)), 0, atol=1e-5)
+    np.testing.assert_allclose(train_arr.std((0, 1, 2)), 1, atol=1e-5)
+
+
+def test_manifest_fields(tmp_path):
+    data = advection_data(shape=(20, 9, 16))
+    src = write_tensor(tmp_path / "adv.hdf5", data)
+    info = build_cache("adv", task(spatial_stride=4, temporal_stride=2), src, tmp_path / "cache")
+    assert info.path == cache_path(tmp_path / "cache", "adv", task(spatial_stride=4, temporal_stride=2), src)
+    assert info.path.parent == tmp_path / "cache" / "adv"
+    assert info.pde == "advection1d"
+    assert info.autoregressive is True
+    assert info.grid == (4,)
+    assert info.n_frames == 5
+    assert (info.in_channels, info.out_channels) == (1, 1)
+    assert info.sizes == {"train": 16, "val": 2, "test": 2}
+    meta = json.loads((info.path / MANIFEST).read_text())
+    assert meta["grid"] == [4]
+    assert meta["n_frames"] == 5
+    assert meta["sizes"] == {"train": 16, "val": 2, "test": 2}
+    assert meta["source"]["size"] == src.stat().st_size
+    np.testing.assert_allclose(meta["coordinates"]["x"], ((np.arange(16) + 0.5) / 16)[::4], rtol=1e-6)
+    np.testing.assert_allclose(meta["coordinates"]["t"], (np.arange(9) * 0.01)[::2], rtol=1e-5)
+    assert sorted(p.name for p in info.path.iterdir()) == [MANIFEST, "test.npy", "train.npy", "val.npy"]
+
+
+def test_multichannel_cache_per_channel_stats(tmp_path):
+    rng = np.random.default_rng(1)
+    fields = {
+        key: (rng.normal(size=(10, 5, 8)) * (i + 1) + 100 * i).astype(np.float32) for i, key in enumerate(CFD1D_KEYS)
+    }
+    src = write_cfd(tmp_path / "cfd.hdf5", fields)
+    info = build_cache("cfd", task("cfd1d", val_fraction=0.0, test_fraction=0.2), src, tmp_path / "cache")
+    raw = np.stack([fields[k] for k in CFD1D_KEYS], axis=-1)
+    ref, mean, std = normalised(raw, raw[2:])
+    assert (info.in_channels, info.out_channels) == (3, 3)
+    assert info.grid == (8,)
+    assert info.n_frames == 5
+    np.testing.assert_allclose(info.input_mean, mean, rtol=1e-6)
+    np.testing.assert_allclose(info.input_std, std, rtol=1e-6)
+    np.testing.assert_allclose(info.array("train"), ref[2:], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(info.array("test"), ref[:2], rtol=1e-4, atol=1e-4)
+
+
+def test_darcy_cache_inputs_and_targets_normalised_separately(tmp_path):
+    rng = np.random.default_rng(2)
+    nu = np.where(rng.uniform(size=(20, 8, 8)) > 0.5, 1.0, 0.1).astype(np.float32)
+    u = (rng.normal(size=(20, 1, 8, 8)) * 0.01 + 0.05).astype(np.float32)
+    src = write_darcy(tmp_path / "darcy.hdf5", nu, u)
+    info = build_cache("darcy", task("darcy2d", spatial_stride=2), src, tmp_path / "cache")
+    assert info.autoregressive is False
+    assert info.grid == (4, 4)
+    assert info.n_frames == 1
+    assert info.sizes == {"train": 16, "val": 2, "test": 2}
+    x_raw = nu[:, ::2, ::2, None]
+    y_raw = u[:, 0, ::2, ::2, None]
+    x_ref, x_mean, x_std = normalised(x_raw, x_raw[4:])
+    y_ref, y_mean, y_std = normalised(y_raw, y_raw[4:])
+    np.testing.assert_allclose(info.input_mean, x_mean, rtol=1e-6)
+    np.testing.assert_allclose(info.input_std, x_std, rtol=1e-6)
+    np.testing.assert_allclose(info.target_mean, y_mean, rtol=1e-5)
+    np.testing.assert_allclose(info.target_std, y_std, rtol=1e-5)
+    for split, lo, hi in (("test", 0, 2), ("val", 2, 4), ("train", 4, 20)):
+        np.testing.assert_allclose(info.array(split, "x"), x_ref[lo:hi], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(info.array(split, "y"), y_ref[lo:hi], rtol=1e-4, atol=1e-4)
+    names = sorted(p.name for p in info.path.iterdir())
+    assert names == [MANIFEST, *sorted(f"{s}_{p}.npy" for s in ("train", "val", "test") for p in "xy")]
+
+
+def test_generated_darcy_cache(tmp_path):
+    src = tmp_path / "darcy.hdf5"
+    generate("darcy2d", src, n_samples=10, resolution=16, coefficient=1.0, seed=0)
+    info = build_cache("darcy", task("darcy2d", test_fraction=0.2, val_fraction=0.1), src, tmp_path / "cache")
+    with h5py.File(src, "r") as f:
+        y_raw = f["tensor"][()][:, 0, :, :, None]
+    y_ref, _, _ = normalised(y_raw, y_raw[3:])
+    np.testing.assert_allclose(info.array("val", "y"), y_ref[2:3], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(info.array("train", "y"), y_ref[3:], rtol=1e-4, atol=1e-4)
+
+
+def test_constant_channel_does_not_divide_by_zero(tmp_path):
+    data = np.full((10, 4, 8), 2.5, np.float32)
+    info = build_cache("c", task(), write_tensor(tmp_path / "c.hdf5", data), tmp_path / "cache")
+    assert info.input_std == (1.0,)
+    np.testing.assert_allclose(info.input_mean, (2.5,))
+    np.testing.assert_array_equal(info.array("train"), 0.0)
+
+
+def test_constant_channel_of_any_value_gets_unit_std(tmp_path):
+    data = np.full((21, 9, 15), 1000.1, np.float32)  # 21 samples: test 2, val 2, train 17
+    data[2:4] = 1000.2  # validation differs from the training constant by 0.1
+    info = build_cache("c", task(), write_tensor(tmp_path / "c.hdf5", data), tmp_path / "cache")
+    assert info.sizes == {"test": 2, "val": 2, "train": 17}
+    np.testing.assert_allclose(info.input_mean, (np.float32(1000.1),), rtol=1e-7)
+    assert info.input_std == (1.0,)
+    np.testing.assert_allclose(info.array("val"), 0.1, rtol=1e-2)
+
+
+def test_small_read_blocks_give_the_same_cache(tmp_path, monkeypatch):
+    data = advection_data(seed=3)
+    src = write_tensor(tmp_path / "adv.hdf5", data)
+    whole = build_cache("adv", task(), src, tmp_path / "a")
+    from train.data import pdebench
+
+    monkeypatch.setattr(pdebench, "READ_BLOCK_BYTES", 1)  # one sample per block, in reading and normalising
+    small = build_cache("adv", task(), src, tmp_path / "b")
+    for split in ("train", "val", "test"):
+        np.testing.assert_allclose(small.array(split), whole.array(split), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(small.input_mean, whole.input_mean, rtol=1e-9)
+
+
+# -------------------------------------------------------------------------------------------- reuse
+def test_second_build_is_a_no_op(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data())
+    first = build_cache("adv", task(), src, tmp_path / "cache")
+    before = snapshot(first.path)
+    inode = first.path.stat().st_ino
+    second = build_cache("adv", task(), src, tmp_path / "cache")
+    assert second == first
+    assert snapshot(second.path) == before
+    assert second.path.stat().st_ino == inode
+    assert [p.name for p in (tmp_path / "cache" / "adv").iterdir()] == [first.path.name]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"spatial_stride": 2},
+        {"temporal_stride": 2},
+        {"test_fraction": 0.2},
+        {"val_fraction": 0.0},
+        {"pde": "burgers1d"},
+    ],
+)
+def test_preprocessing_setting_changes_the_folder(tmp_path, change):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data())
+    a = build_cache("adv", task(), src, tmp_path / "cache")
+    b = build_cache("adv", task(**{"pde": "advection1d", **change}), src, tmp_path / "cache")
+    assert a.path != b.path
+    assert a.path.parent == b.path.parent
+    assert CacheInfo.load(a.path) == a  # the other cache stays intact
+
+
+def test_settings_that_do_not_change_contents_share_the_folder(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data())
+    a = build_cache("adv", task(), src, tmp_path / "cache")
+    b = build_cache("adv", task(batch_size=3, initial_step=2, patch_size=4, loss_weight=2.0), src, tmp_path / "cache")
+    assert a.path == b.path
+
+
+def test_rewritten_source_gives_a_new_cache(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data(seed=0))
+    old = build_cache("adv", task(), src, tmp_path / "cache")
+    old_mtime = src.stat().st_mtime_ns
+    new_data = advection_data(seed=1)
+    write_tensor(src, new_data)  # same size, different content
+    # file timestamps are coarse (a kernel tick): pin the new mtime apart from the old, as any later write would be
+    os.utime(src, ns=(old_mtime + 10**9, old_mtime + 10**9))
+    new = build_cache("adv", task(), src, tmp_path / "cache")
+    assert new.path != old.path
+    raw = new_data[..., None]
+    ref, _, _ = normalised(raw, raw[4:])
+    np.testing.assert_allclose(new.array("train"), ref[4:], rtol=1e-5, atol=1e-5)
+
+
+def test_source_of_other_size_gives_a_new_cache(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data(shape=(20, 9, 16)))
+    old = build_cache("adv", task(), src, tmp_path / "cache")
+    write_tensor(src, advection_data(shape=(30, 9, 16)))
+    new = build_cache("adv", task(), src, tmp_path / "cache")
+    assert new.path != old.path
+    assert new.sizes == {"train": 24, "val": 3, "test": 3}
+
+
+def test_folder_without_manifest_is_rebuilt(tmp_path):
+    data = advection_data()
+    src = write_tensor(tmp_path / "adv.hdf5", data)
+    final = cache_path(tmp_path / "cache", "adv", task(), src)
+    final.mkdir(parents=True)
+    (final / "train.npy").write_bytes(b"half written")
+    (final / "junk").write_text("x")
+    info = build_cache("adv", task(), src, tmp_path / "cache")
+    assert info.path == final
+    assert (final / MANIFEST).is_file()
+    assert not (final / "junk").exists()
+    raw = data[..., None]
+    ref, _, _ = normalised(raw, raw[4:])
+    np.testing.assert_allclose(info.array("train"), ref[4:], rtol=1e-5, atol=1e-5)
+
+
+def test_manifest_of_other_format_is_rebuilt(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data())
+    info = build_cache("adv", task(), src, tmp_path / "cache")
+    meta = json.loads((info.path / MANIFEST).read_text())
+    (info.path / MANIFEST).write_text(json.dumps({**meta, "format": -1}))
+    assert CacheInfo.load(info.path) is None
+    again = build_cache("adv", task(), src, tmp_path / "cache")
+    assert again == info
+    assert json.loads((info.path / MANIFEST).read_text())["format"] == cachemod.CACHE_FORMAT
+
+
+# -------------------------------------------------------------------------------------------- failures
+def _boom(*args, **kwargs):
+    raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        (cachemod, "write_json_atomic"),  # after every array is written
+        (cachemod._RunningStats, "result"),  # between reading and normalising
+        (cachemod.np.lib.format, "open_memmap"),  # the first array
+    ],
+)
+def test_failed_build_leaves_nothing(tmp_path, monkeypatch, target):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data())
+    root = tmp_path / "cache"
+    monkeypatch.setattr(*target, _boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        build_cache("adv", task(), src, root)
+    assert not cache_path(root, "adv", task(), src).exists()
+    assert list((root / "adv").iterdir()) == []  # no temporary folder either
+    monkeypatch.undo()
+    info = build_cache("adv", task(), src, root)  # and a later build succeeds
+    assert info.sizes["train"] == 16
+
+
+def test_bad_source_leaves_nothing(tmp_path):
+    data = advection_data()
+    data[12, 3, 5] = np.nan  # a training sample
+    src = write_tensor(tmp_path / "adv.hdf5", data)
+    root = tmp_path / "cache"
+    with pytest.raises(DataError, match="at sample 12"):
+        build_cache("adv", task(), src, root)
+    assert list((root / "adv").iterdir()) == []
+    assert leftovers(root) == []
+
+
+def test_missing_source_creates_nothing(tmp_path):
+    # the pipeline checks the path first; here the fingerprint's stat() fails before any folder is made
+    with pytest.raises((DataError, OSError)):
+        build_cache("adv", task(), tmp_path / "absent.hdf5", tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
+# ------------------------------------------------------------------------------------------ empty val
+def test_val_fraction_zero_gives_empty_val(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data(shape=(20, 9, 16)))
+    info = build_cache("adv", task(val_fraction=0.0, spatial_stride=2, temporal_stride=4), src, tmp_path / "cache")
+    assert info.sizes == {"train": 18, "val": 0, "test": 2}
+    val = info.array("val")
+    assert val.shape == (0, 3, 8, 1)
+    assert val.dtype == np.float32
+    assert info.array("train").shape == (18, 3, 8, 1)
+    with pytest.raises(DataError, match=r"tasks\.adv\.val_fraction"):
+        require_split(info, "val", "adv")
+    require_split(info, "train", "adv")
+
+
+def test_val_fraction_zero_darcy(tmp_path):
+    rng = np.random.default_rng(4)
+    src = write_darcy(tmp_path / "d.hdf5", rng.normal(size=(10, 8, 8)), rng.normal(size=(10, 1, 8, 8)))
+    info = build_cache("d", task("darcy2d", val_fraction=0.0, spatial_stride=2), src, tmp_path / "cache")
+    assert info.sizes["val"] == 0
+    assert info.array("val", "x").shape == (0, 4, 4, 1)
+    assert info.array("val", "y").shape == (0, 4, 4, 1)
+    assert info.array("train", "x").shape == (9, 4, 4, 1)

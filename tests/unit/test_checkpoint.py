@@ -1,0 +1,261 @@
+"""Tests of checkpoint files (keep-last-k, discovery, safe loading) and of atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+
+import pytest
+import torch
+
+from train.atomic import atomic_path, write_json_atomic, write_text_atomic
+from train.config import ModelConfig, load_config
+from train.engine.checkpoint import (
+    checkpoint_name,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from train.engine.trainer import warmup_cosine
+from train.errors import DataError
+from train.model.multitask import MultiTaskSurrogate, TaskSpec
+
+
+def names(paths):
+    return [p.name for p in paths]
+
+
+def trainer_like_state(repo, epoch=3):
+    """A state dict with the same components Trainer.state() saves, after a real optimizer step."""
+    cfg = load_config(repo / "configs" / "tiny.yaml")
+    spec = TaskSpec(grid=(16,), in_channels=1, out_channels=1, patch_size=4, initial_step=2, autoregressive=True)
+    torch.manual_seed(0)
+    model = MultiTaskSurrogate({"adv": spec}, ModelConfig(d_model=16, n_heads=2, n_layers=1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(2, 10))
+    out = model({"adv": torch.randn(2, 2, 16, 1)})["adv"]
+    out.square().mean().backward()
+    optimizer.step()
+    scheduler.step()
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "progress": {"epoch": epoch, "global_step": 17},
+        "config": cfg.model_dump(mode="json"),
+        "specs": {"adv": spec.as_dict()},
+    }
+
+
+# -------------------------------------------------------------------------------------------- names
+def test_checkpoint_name():
+    assert checkpoint_name(3) == "epoch_0003.pt"
+    assert checkpoint_name(12345) == "epoch_12345.pt"
+
+
+def test_list_checkpoints_sorts_numerically_and_ignores_others(tmp_path):
+    for name in (
+        "epoch_0010.pt",
+        "epoch_0009.pt",
+        "epoch_0002.pt",
+        "epoch_10000.pt",
+        ".epoch_0011.pt.abc123.tmp",  # an interrupted atomic save
+        "epoch_0011.pt.tmp",
+        "epoch_12.pt",  # fewer than 4 digits: not ours
+        "epoch_0003.pth",
+        "latest.pt",
+        "notes.txt",
+        "xepoch_0004.pt",
+    ):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "epoch_0099.pt.d").mkdir()
+    found = list_checkpoints(tmp_path)
+    assert names(found) == ["epoch_0002.pt", "epoch_0009.pt", "epoch_0010.pt", "epoch_10000.pt"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "epoch_10000.pt"
+
+
+def test_list_checkpoints_of_missing_or_empty_folder(tmp_path):
+    assert list_checkpoints(tmp_path / "absent") == []
+    assert latest_checkpoint(tmp_path / "absent") is None
+    assert list_checkpoints(tmp_path) == []
+    assert latest_checkpoint(tmp_path) is None
+
+
+# ------------------------------------------------------------------------------------------ save/load
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_save_keeps_the_last_k(tmp_path, keep):
+    folder = tmp_path / "ckpt"
+    for epoch in range(1, 7):
+        path = save_checkpoint(folder, epoch, {"progress": {"epoch": epoch}}, keep)
+        assert path == folder / checkpoint_name(epoch)
+        assert path.is_file()
+        assert len(list_checkpoints(folder)) == min(epoch, keep)
+    expected = [checkpoint_name(e) for e in range(7 - keep, 7)]
+    assert names(list_checkpoints(folder)) == expected
+    assert sorted(p.name for p in folder.iterdir()) == expected  # no temporary files either
+    for e in range(7 - keep, 7):
+        assert load_checkpoint(folder / checkpoint_name(e))["progress"]["epoch"] == e
+
+
+def test_keep_counts_numerically_across_digit_widths(tmp_path):
+    for epoch in (9998, 9999, 10000, 10001):
+        save_checkpoint(tmp_path, epoch, {"e": epoch}, keep=2)
+    assert names(list_checkpoints(tmp_path)) == ["epoch_10000.pt", "epoch_10001.pt"]
+
+
+def test_save_does_not_touch_other_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    for epoch in range(1, 4):
+        save_checkpoint(tmp_path, epoch, {"e": epoch}, keep=1)
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+def test_trainer_state_round_trips_with_weights_only(tmp_path, repo):
+    state = trainer_like_state(repo)
+    path = save_checkpoint(tmp_path, 3, state, keep=2)
+    loaded = load_checkpoint(path)
+    assert set(loaded) == set(state)
+    assert loaded["progress"] == {"epoch": 3, "global_step": 17}
+    assert loaded["config"] == state["config"]
+    assert loaded["specs"] == state["specs"]
+    assert loaded["scheduler"] == state["scheduler"]
+    for key, value in state["model"].items():
+        assert torch.equal(loaded["model"][key], value), key
+    assert loaded["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    for idx, per_param in state["optimizer"]["state"].items():
+        for key, value in per_param.items():
+            assert torch.equal(loaded["optimizer"]["state"][idx][key], value)
+    # the loaded dicts restore into fresh objects
+    spec = TaskSpec(**loaded["specs"]["adv"])
+    model = MultiTaskSurrogate({"adv": spec}, ModelConfig(d_model=16, n_heads=2, n_layers=1))
+    model.load_state_dict(loaded["model"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer.load_state_dict(loaded["optimizer"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(2, 10))
+    scheduler.load_state_dict(loaded["scheduler"])
+    assert scheduler.last_epoch == 1
+
+
+def test_load_maps_to_cpu(tmp_path):
+    path = save_checkpoint(tmp_path, 1, {"t": torch.arange(3.0)}, keep=1)
+    assert load_checkpoint(path)["t"].device.type == "cpu"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"garbage, not a zip file", b"PK\x03\x04 truncated zip"],
+)
+def test_unreadable_checkpoint_is_a_data_error(tmp_path, content):
+    path = tmp_path / "epoch_0003.pt"
+    path.write_bytes(content)
+    with pytest.raises(DataError) as e:
+        load_checkpoint(path)
+    assert str(path) in str(e.value)
+    assert e.value.exit_code == 3
+
+
+def test_truncated_checkpoint_is_a_data_error(tmp_path):
+    path = save_checkpoint(tmp_path, 1, {"w": torch.randn(1000)}, keep=1)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match=re.escape(str(path))):
+        load_checkpoint(path)
+
+
+class _NotAllowed:
+    pass
+
+
+def test_checkpoint_with_arbitrary_objects_is_refused(tmp_path):
+    path = tmp_path / "epoch_0001.pt"
+    torch.save({"obj": _NotAllowed()}, path)
+    with pytest.raises(DataError, match=re.escape(str(path))):
+        load_checkpoint(path)
+
+
+def test_missing_checkpoint_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match=r"absent\.pt"):
+        load_checkpoint(tmp_path / "absent.pt")
+
+
+# ------------------------------------------------------------------------------------------- atomic
+def test_atomic_path_replaces_on_success(tmp_path):
+    final = tmp_path / "sub" / "file.txt"
+    with atomic_path(final) as tmp:
+        assert tmp.parent == final.parent  # same folder: rename, not copy
+        assert tmp != final
+        tmp.write_text("new")
+        assert not final.exists()  # nothing under the final name until the block ends
+    assert final.read_text() == "new"
+    assert sorted(p.name for p in final.parent.iterdir()) == ["file.txt"]
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_atomic_path_keeps_old_content_on_exception(tmp_path, exc):
+    final = tmp_path / "file.txt"
+    final.write_text("old")
+    with pytest.raises(exc), atomic_path(final) as tmp:
+        tmp.write_text("half-writ")
+        raise exc("crash")
+    assert final.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+def test_atomic_path_exception_without_previous_file(tmp_path):
+    final = tmp_path / "file.txt"
+    with pytest.raises(ValueError), atomic_path(final) as tmp:
+        tmp.write_text("x")
+        raise ValueError
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_save_failure_keeps_previous_checkpoints(tmp_path):
+    save_checkpoint(tmp_path, 1, {"e": 1}, keep=2)
+    with pytest.raises(Exception):  # noqa: B017 - whatever torch raises for an unpicklable object
+        save_checkpoint(tmp_path, 2, {"bad": lambda: None}, keep=2)
+    assert names(list_checkpoints(tmp_path)) == ["epoch_0001.pt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["epoch_0001.pt"]
+    assert load_checkpoint(tmp_path / "epoch_0001.pt") == {"e": 1}
+
+
+def test_write_json_atomic(tmp_path):
+    obj = {"b": [1, 2.5, None], "a": {"z": "text", "y": True}}
+    final = tmp_path / "out" / "meta.json"
+    write_json_atomic(final, obj)
+    text = final.read_text()
+    assert json.loads(text) == obj
+    assert text.endswith("\n")
+    assert text.index('"a"') < text.index('"b"')  # sorted keys
+    write_json_atomic(final, [1])
+    assert json.loads(final.read_text()) == [1]
+    assert sorted(p.name for p in final.parent.iterdir()) == ["meta.json"]
+
+
+def test_write_json_atomic_failure_keeps_old_file(tmp_path):
+    final = tmp_path / "meta.json"
+    write_json_atomic(final, {"v": 1})
+    with pytest.raises(TypeError):
+        write_json_atomic(final, {"v": object()})  # not JSON-serialisable
+    assert json.loads(final.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]
+
+
+def test_write_text_atomic(tmp_path):
+    final = tmp_path / "a.txt"
+    write_text_atomic(final, "héllo\n")
+    assert final.read_text() == "héllo\n"
+
+
+def test_atomic_write_follows_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "atomic.txt", "x")
+        (tmp_path / "plain.txt").write_text("x")
+    finally:
+        os.umask(old)
+    plain = stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode)
+    assert plain == 0o644
+    assert stat.S_IMODE((tmp_path / "atomic.txt").stat().st_mode) == plain

@@ -1,0 +1,422 @@
+"""Tests of the typed config: defaults, YAML files, ``--set`` overrides, error messages, round trips."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from train.config import (
+    Config,
+    DistConfig,
+    ModelConfig,
+    RunConfig,
+    Section,
+    TaskConfig,
+    TrainConfig,
+    apply_override,
+    load_config,
+    to_yaml,
+    training_differences,
+)
+from train.errors import ConfigError
+
+MINIMAL = """\
+tasks:
+  adv:
+    pde: advection1d
+    batch_size: 8
+  darcy:
+    pde: darcy2d
+    patch_size: 4
+"""
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def minimal(tmp_path):
+    return _write(tmp_path / "minimal.yaml", MINIMAL)
+
+
+# -------------------------------------------------------------------------------------------- defaults
+def test_shipped_default_config_loads(repo):
+    cfg = load_config(repo / "configs" / "default.yaml")
+    raw = yaml.safe_load((repo / "configs" / "default.yaml").read_text())
+    assert set(cfg.tasks) == set(raw["tasks"])
+    for name, task in raw["tasks"].items():
+        for key, value in task.items():
+            assert getattr(cfg.tasks[name], key) == value, f"tasks.{name}.{key}"
+    assert cfg.model.d_model == raw["model"]["d_model"]
+    assert cfg.train.epochs == raw["train"]["epochs"]
+    assert cfg.train.lr == pytest.approx(float(raw["train"]["lr"]))
+    assert cfg.run.name == "default"  # the file stem
+
+
+def test_code_defaults_fill_what_the_file_leaves_out(minimal):
+    cfg = load_config(minimal)
+    # values the file does not set come from the schema's defaults
+    assert cfg.model == ModelConfig()
+    assert cfg.train == TrainConfig()
+    assert cfg.dist == DistConfig()
+    assert cfg.run.runs_dir == RunConfig().runs_dir
+    assert cfg.train.lr == 1e-3
+    assert cfg.train.weight_decay == 1e-4
+    assert cfg.dist.nproc == "auto"
+    assert cfg.tasks["adv"].batch_size == 8
+    assert cfg.tasks["adv"].patch_size == TaskConfig.model_fields["patch_size"].default
+    assert cfg.tasks["darcy"].patch_size == 4
+    assert cfg.tasks["darcy"].test_fraction == 0.1
+
+
+def test_no_file_needs_tasks_from_overrides():
+    with pytest.raises(ConfigError, match="missing required key 'tasks'"):
+        load_config(None)
+    cfg = load_config(None, ["tasks.a.pde=burgers1d"])
+    assert cfg.tasks["a"].pde == "burgers1d"
+    assert cfg.run.name is None  # no file: no stem to default to
+
+
+def test_empty_file_is_defaults_only(tmp_path):
+    path = _write(tmp_path / "empty.yaml", "")
+    with pytest.raises(ConfigError, match="missing required key 'tasks'"):
+        load_config(path)
+    cfg = load_config(path, ["tasks.a.pde=darcy2d"])
+    assert cfg.run.name == "empty"
+
+
+# ------------------------------------------------------------------------------------------- overrides
+def test_yaml_file_overrides_defaults(tmp_path):
+    path = _write(
+        tmp_path / "c.yaml",
+        MINIMAL + "model:\n  d_model: 64\n  n_heads: 8\ntrain:\n  epochs: 7\n  lr: 2.0e-4\n  compile: false\n",
+    )
+    cfg = load_config(path)
+    assert cfg.model.d_model == 64
+    assert cfg.model.n_heads == 8
+    assert cfg.model.n_layers == ModelConfig().n_layers
+    assert cfg.train.epochs == 7
+    assert cfg.train.lr == 2e-4
+    assert cfg.train.compile is False
+
+
+def test_set_overrides_win_over_the_file(minimal):
+    cfg = load_config(
+        minimal,
+        ["train.lr=5e-4", "train.epochs=3", "tasks.adv.batch_size=2", "train.compile=true", "tasks.new.pde=cfd1d"],
+    )
+    assert cfg.train.lr == 5e-4
+    assert isinstance(cfg.train.lr, float)
+    assert cfg.train.epochs == 3
+    assert cfg.tasks["adv"].batch_size == 2
+    assert cfg.tasks["adv"].pde == "advection1d"  # siblings of an overridden key stay
+    assert cfg.train.compile is True
+    assert cfg.tasks["new"].pde == "cfd1d"
+    assert list(cfg.tasks) == ["adv", "darcy", "new"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "value", "kind"),
+    [
+        ("1e-3", 1e-3, float),  # PyYAML alone reads this as a string
+        ("1E+2", 100.0, float),
+        ("2.5e-4", 2.5e-4, float),
+        ("1.0e-3", 1e-3, float),
+        ("0.5", 0.5, float),
+        (".5", 0.5, float),
+        ("-3.", -3.0, float),
+        ("3", 3, int),
+        ("-7", -7, int),
+        ("true", True, bool),
+        ("false", False, bool),
+        ("auto", "auto", str),
+        ("some/path.h5", "some/path.h5", str),
+        ("null", None, type(None)),
+    ],
+)
+def test_override_values_are_typed_as_yaml(raw, value, kind):
+    tree: dict = {"train": {"epochs": 1}}
+    apply_override(tree, f"train.x={raw}")
+    assert type(tree["train"]["x"]) is kind
+    assert tree["train"]["x"] == value
+    assert tree["train"]["epochs"] == 1
+
+
+def test_override_builds_nested_sections():
+    tree: dict = {}
+    apply_override(tree, "tasks.a.pde=darcy2d")
+    apply_override(tree, "tasks.a.patch_size=4")
+    assert tree == {"tasks": {"a": {"pde": "darcy2d", "patch_size": 4}}}
+
+
+@pytest.mark.parametrize("bad", ["train.epochs", "=3", "  =3"])
+def test_override_without_key_or_value_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match=r"key\.path=value"):
+        apply_override({}, bad)
+
+
+def test_override_into_a_value_is_a_config_error():
+    tree = {"train": {"epochs": 3}}
+    with pytest.raises(ConfigError, match=r"train\.epochs is a value, not a section"):
+        apply_override(tree, "train.epochs.x=1")
+
+
+def test_override_with_bad_yaml_is_a_config_error():
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        apply_override({}, "train.lr=[1, 2")
+
+
+@pytest.mark.parametrize("raw", ["-e1", ".e3", "+E2"])
+def test_override_with_exponent_only_scalar_is_a_string(raw):
+    tree: dict = {}
+    apply_override(tree, f"run.name={raw}")
+    assert tree == {"run": {"name": raw}}
+
+
+def test_config_file_with_exponent_only_scalar_loads(tmp_path):
+    path = _write(tmp_path / "c.yaml", MINIMAL + "run:\n  name: -e1\n")
+    assert load_config(path).run.name == "-e1"
+
+
+# ---------------------------------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    ("override", "bad", "suggestion"),
+    [
+        ("train.epoch=3", "train.epoch", "train.epochs"),
+        ("tasks.adv.batchsize=3", "tasks.adv.batchsize", "tasks.adv.batch_size"),
+        ("model.d_modle=64", "model.d_modle", "model.d_model"),
+        ("run.cache_dri=x", "run.cache_dri", "run.cache_dir"),
+        ("dist.backnd=gloo", "dist.backnd", "dist.backend"),
+    ],
+)
+def test_unknown_key_names_full_path_and_nearest_key(minimal, override, bad, suggestion):
+    with pytest.raises(ConfigError) as e:
+        load_config(minimal, [override])
+    msg = str(e.value)
+    assert f"unknown key '{bad}'" in msg
+    assert f"did you mean '{suggestion}'" in msg
+    assert str(minimal) in msg
+    assert e.value.exit_code == 2
+
+
+def test_unknown_key_without_a_close_match_has_no_suggestion(minimal):
+    with pytest.raises(ConfigError) as e:
+        load_config(minimal, ["train.zzzzqqq=1"])
+    assert "unknown key 'train.zzzzqqq'" in str(e.value)
+    assert "did you mean" not in str(e.value)
+
+
+def test_unknown_section_in_file(tmp_path):
+    path = _write(tmp_path / "c.yaml", MINIMAL + "trian:\n  epochs: 3\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'trian' \(did you mean 'train'\?\)"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("train.epochs=abc", "train.epochs"),
+        ("train.epochs=2.5", "train.epochs"),
+        ("train.epochs=true", "train.epochs"),  # strict: a bool is not an int
+        ("tasks.adv.batch_size=x", "tasks.adv.batch_size"),
+        ("train.compile=maybe", "train.compile"),  # a union: the key, not 'train.compile.bool'
+        ("model.dropout=high", "model.dropout"),
+        ("tasks.darcy.pde=heat", "tasks.darcy.pde"),
+        ("run.name=3", "run.name"),
+    ],
+)
+def test_wrong_type_names_the_key(minimal, override, key):
+    with pytest.raises(ConfigError) as e:
+        load_config(minimal, [override])
+    msg = str(e.value)
+    assert f"'{key}'" in msg
+    assert f"'{key}." not in msg  # no union member or other internal suffix
+    assert e.value.exit_code == 2
+
+
+def test_out_of_range_value_names_the_key(minimal):
+    with pytest.raises(ConfigError, match=r"'train\.lr'"):
+        load_config(minimal, ["train.lr=0"])
+    with pytest.raises(ConfigError, match=r"'tasks\.adv\.patch_size'"):
+        load_config(minimal, ["tasks.adv.patch_size=0"])
+
+
+def test_missing_task_pde_is_reported(minimal):
+    with pytest.raises(ConfigError, match=r"missing required key 'tasks\.extra\.pde'"):
+        load_config(minimal, ["tasks.extra.batch_size=3"])
+
+
+def test_missing_config_file(tmp_path):
+    path = tmp_path / "nope" / "absent.yaml"
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(path) in str(e.value)
+    assert "not found" in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_config_path_that_is_a_folder(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path)
+
+
+def test_bad_yaml(tmp_path):
+    path = _write(tmp_path / "bad.yaml", "tasks:\n  adv: [unclosed\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(path) in str(e.value)
+    assert "not valid YAML" in str(e.value)
+    assert e.value.exit_code == 2
+
+
+@pytest.mark.parametrize(("text", "kind"), [("- a\n- b\n", "list"), ("just a string\n", "str"), ("3\n", "int")])
+def test_top_level_not_a_mapping(tmp_path, text, kind):
+    path = _write(tmp_path / "c.yaml", text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "top level must be a mapping" in str(e.value)
+    assert kind in str(e.value)
+    assert str(path) in str(e.value)
+
+
+def test_d_model_must_be_a_multiple_of_n_heads(minimal):
+    with pytest.raises(ConfigError) as e:
+        load_config(minimal, ["model.d_model=30", "model.n_heads=4"])
+    msg = str(e.value)
+    assert "model.d_model (30)" in msg
+    assert "model.n_heads (4)" in msg
+    assert load_config(minimal, ["model.d_model=32", "model.n_heads=4"]).model.n_heads == 4
+
+
+@pytest.mark.parametrize("name", ["bad-name", "1task", "_hidden", "a.b"])
+def test_invalid_task_name(tmp_path, name):
+    path = _write(tmp_path / "c.yaml", f"tasks:\n  '{name}':\n    pde: darcy2d\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert f"task name {name!r}" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["a", "Adv1", "adv_1d"])
+def test_valid_task_names(tmp_path, name):
+    path = _write(tmp_path / "c.yaml", f"tasks:\n  {name}:\n    pde: darcy2d\n")
+    assert list(load_config(path).tasks) == [name]
+
+
+def test_fractions_must_leave_training_samples(minimal):
+    with pytest.raises(ConfigError, match=r"tasks\.adv: test_fraction \+ val_fraction"):
+        load_config(minimal, ["tasks.adv.test_fraction=0.5", "tasks.adv.val_fraction=0.45"])
+    cfg = load_config(minimal, ["tasks.adv.test_fraction=0.5", "tasks.adv.val_fraction=0.3"])
+    assert cfg.tasks["adv"].val_fraction == 0.3
+
+
+def test_empty_task_mapping_is_rejected(tmp_path):
+    path = _write(tmp_path / "c.yaml", "tasks: {}\n")
+    with pytest.raises(ConfigError, match="'tasks'"):
+        load_config(path)
+
+
+# -------------------------------------------------------------------------------------------- run name
+def test_run_name_defaults_to_file_stem(tmp_path):
+    path = _write(tmp_path / "my_experiment.v2.yaml", MINIMAL)
+    assert load_config(path).run.name == "my_experiment.v2"
+
+
+def test_run_name_from_file_wins_over_stem(tmp_path):
+    path = _write(tmp_path / "stem.yaml", MINIMAL + "run:\n  name: from_file\n  seed: 4\n")
+    cfg = load_config(path)
+    assert cfg.run.name == "from_file"
+    assert cfg.run.seed == 4
+
+
+def test_run_name_argument_wins(tmp_path):
+    path = _write(tmp_path / "stem.yaml", MINIMAL + "run:\n  name: from_file\n  seed: 4\n")
+    cfg = load_config(path, ["run.name=from_set"], run_name="from_arg")
+    assert cfg.run.name == "from_arg"
+    assert cfg.run.seed == 4  # the rest of the run section survives
+    assert load_config(path, ["run.name=from_set"]).run.name == "from_set"
+    assert load_config(path, run_name="x").run.name == "x"
+
+
+# ---------------------------------------------------------------------------------------- differences
+def test_training_differences_ignore_runtime_settings(minimal):
+    a = load_config(minimal)
+    b = load_config(
+        minimal,
+        [
+            "dist.nproc=4",
+            "dist.backend=gloo",
+            "dist.timeout_s=60",
+            "run.name=other",
+            "run.runs_dir=/elsewhere",
+            "run.cache_dir=/other/cache",
+            "train.num_workers=3",
+            "train.log_every=1",
+            "train.eval_batch_size=7",
+        ],
+    )
+    assert a != b
+    assert training_differences(a, b) == []
+
+
+def test_training_differences_report_seed(minimal):
+    a = load_config(minimal)
+    b = load_config(minimal, ["run.seed=9"])
+    assert training_differences(a, b) == ["run.seed"]
+
+
+def test_training_differences_report_training_keys(minimal):
+    a = load_config(minimal)
+    b = load_config(minimal, ["train.lr=2e-3", "tasks.adv.batch_size=4", "model.n_layers=2", "train.num_workers=2"])
+    assert training_differences(a, b) == ["model.n_layers", "tasks.adv.batch_size", "train.lr"]
+    assert training_differences(b, a) == ["model.n_layers", "tasks.adv.batch_size", "train.lr"]
+    assert training_differences(a, a) == []
+
+
+def test_training_differences_report_added_task(minimal):
+    a = load_config(minimal)
+    b = load_config(minimal, ["tasks.extra.pde=burgers1d"])
+    diff = training_differences(a, b)
+    assert "tasks.extra.pde" in diff
+    assert "tasks.extra.batch_size" in diff
+    assert all(k.startswith("tasks.extra.") for k in diff)
+
+
+# ------------------------------------------------------------------------------------------ round trip
+def test_to_yaml_round_trips(tmp_path, minimal):
+    cfg = load_config(
+        minimal,
+        ["train.lr=2.5e-4", "train.weight_decay=1e-10", "train.compile=false", "dist.nproc=3", "tasks.adv.seed=7"],
+        run_name="named",
+    )
+    text = to_yaml(cfg)
+    assert isinstance(yaml.safe_load(text), dict)
+    again = load_config(_write(tmp_path / "dumped.yaml", text))
+    assert again == cfg
+    assert again.train.weight_decay == 1e-10
+    assert again.run.name == "named"  # the dumped name, not the new file's stem
+
+
+def test_to_yaml_round_trips_shipped_configs(tmp_path, repo):
+    for name in ("default", "tiny"):
+        cfg = load_config(repo / "configs" / f"{name}.yaml")
+        again = load_config(_write(tmp_path / f"x_{name}.yaml", to_yaml(cfg)))
+        assert again == cfg
+
+
+# --------------------------------------------------------------------------------------- documentation
+def test_every_field_is_documented():
+    sections = set(Section.__subclasses__())
+    assert sections == {TaskConfig, ModelConfig, TrainConfig, DistConfig, RunConfig, Config}
+    for section in sections:
+        assert section.model_fields, section
+        for name, field in section.model_fields.items():
+            assert field.description, f"{section.__name__}.{name} has no docstring"
+            assert len(field.description.strip()) > 5
+
+
+def test_sections_are_frozen(minimal):
+    cfg = load_config(minimal)
+    with pytest.raises(Exception, match="frozen"):
+        cfg.train.lr = 1.0  # type: ignore[misc]
