@@ -56,8 +56,8 @@ def stage_data(cfg: Config) -> dict[str, Path]:
             request = dict(
                 n_samples=task.n_samples, resolution=task.resolution, coefficient=task.coefficient, seed=task.seed
             )
-            existing = generate.generator_params(path)
-            if existing is not None and all(existing.get(k) == v for k, v in request.items()):
+            expected = {**request, "pde": task.pde, "version": generate.VERSION}
+            if generate.generator_params(path) == expected:
                 log.info("data %s: up to date at %s", name, path)
             else:
                 log.info("data %s: generating %d %s samples into %s", name, task.n_samples, task.pde, path)
@@ -77,7 +77,16 @@ def stage_cache(cfg: Config, sources: dict[str, Path]) -> dict[str, CacheInfo]:
                 f"{info.n_frames} frames after temporal_stride={task.temporal_stride}"
             )
         problems += check_specs(
-            {name: TaskSpec(info.grid, info.in_channels, info.out_channels, task.patch_size, task.initial_step, True)}
+            {
+                name: TaskSpec(
+                    info.grid,
+                    info.in_channels,
+                    info.out_channels,
+                    task.patch_size,
+                    task.initial_step,
+                    info.autoregressive,
+                )
+            }
         )
     if problems:
         raise ConfigError("the data does not fit the config:\n  - " + "\n  - ".join(problems))

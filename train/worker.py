@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         # The launcher reads this file to name the failing rank's error in its summary.
         get_error_handler().record_exception(e)
         return e.exit_code
+    except Exception:
+        log.exception("unexpected error")  # the traceback in this rank's log file; @record writes the error file
+        raise
     finally:
         metrics.close()
         destroy_distributed()

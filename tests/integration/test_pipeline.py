@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import yaml
@@ -63,14 +64,31 @@ def test_rerun_is_a_no_op(trained):
     assert report.stat().st_mtime_ns == report_before
 
 
-def test_more_epochs_resume_from_the_newest_checkpoint(trained, tmp_path):
+def test_a_run_folder_belongs_to_one_config(trained):
     tmp, _ = trained
-    proc = run_cli("fit", *TINY, *folders(tmp), "--set", "train.epochs=3", "--run", "tiny_more")
+    # DataLoader workers too: the datasets travel to them as paths and map the caches themselves.
+    more = ["--set", "train.epochs=3", "--set", "train.num_workers=2", "--run", "tiny_more"]
+    proc = run_cli("fit", *TINY, *folders(tmp), *more)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    # A new run name trains from scratch; the same name with more epochs must refuse (config differs).
+    assert len(list((tmp / "runs" / "tiny_more" / "checkpoints").iterdir())) == 2  # keep_checkpoints
+    # The same name with other training settings must refuse: its checkpoints belong to the old config.
     proc = run_cli("fit", *TINY, *folders(tmp), "--set", "train.epochs=3")
     assert proc.returncode == 2
     assert "train.epochs" in proc.stderr and "different config" in proc.stderr
+
+
+def test_an_interrupted_run_resumes_from_its_newest_checkpoint(trained):
+    tmp, _ = trained
+    # The state a crash during epoch 2 leaves behind: epoch 1's checkpoint, no report.
+    shutil.copytree(tmp / "runs" / "tiny", tmp / "runs" / "tiny_resume")
+    (tmp / "runs" / "tiny_resume" / "checkpoints" / "epoch_0002.pt").unlink()
+    shutil.rmtree(tmp / "runs" / "tiny_resume" / "report")
+    proc = run_cli("run", *TINY, *folders(tmp), "--run", "tiny_resume")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "resumed from" in proc.stderr and "(epoch 1, step 5)" in proc.stderr
+    assert "epoch 1 validation" not in proc.stderr and "epoch 2 validation" in proc.stderr
+    assert (tmp / "runs" / "tiny_resume" / "checkpoints" / "epoch_0002.pt").is_file()
+    assert (tmp / "runs" / "tiny_resume" / "report" / "summary.json").is_file()
 
 
 def test_evaluate_alone_rewrites_the_report(trained):

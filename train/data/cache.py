@@ -215,8 +215,3 @@ def _write(folder: Path, task: TaskConfig, source: Path) -> None:
         with open(path, "rb+") as f:
             os.fsync(f.fileno())
     write_json_atomic(folder / MANIFEST, manifest)
-
-
-def require_split(info: CacheInfo, split: str, task_name: str) -> None:
-    if info.sizes[split] == 0:
-        raise DataError(f"task {task_name}: the {split} split is empty; raise tasks.{task_name}.{split}_fraction")

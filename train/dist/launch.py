@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,16 +48,12 @@ def resolve_nproc(requested: str | int, cfg: Config) -> int:
     return n
 
 
-@dataclass
 class WorkerFailure(TrainError):
     """A rank exited non-zero; carries the rank's own exit code to the shell."""
 
-    code: int
-    summary: str
-
-    def __post_init__(self) -> None:
-        super().__init__(self.summary)
-        self.exit_code = self.code
+    def __init__(self, code: int, summary: str):
+        super().__init__(summary)
+        self.exit_code = code
 
 
 def _describe(rank: int, failure) -> str:
@@ -71,6 +66,15 @@ def _describe(rank: int, failure) -> str:
         return f"rank {rank} was killed by {sig.name}{': ' + hint if hint else ''}"
     detail = f": {message}" if message and not message.startswith("To enable traceback") else ""
     return f"rank {rank} exited with code {failure.exitcode}{detail}"
+
+
+def _blame_order(failure) -> int:
+    """Root cause first: a rank killed from outside (SIGKILL, SIGBUS, ...) takes its peers down with it, and
+    their errors ("connection reset by peer") are consequences; SIGTERM is what the agent sends to the
+    survivors, so it comes last."""
+    if failure.exitcode < 0:
+        return 3 if -failure.exitcode == signal.SIGTERM else 0
+    return 1 if os.path.isfile(failure.error_file) else 2
 
 
 def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str]) -> None:
@@ -94,11 +98,7 @@ def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str]) -> No
     try:
         run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
-        failures = sorted(
-            e.failures.items(),
-            # The root cause: a rank that reported an error, earliest first; ranks the agent killed last.
-            key=lambda item: (item[1].exitcode < 0, item[1].error_file_data == {}, item[1].timestamp, item[0]),
-        )
+        failures = sorted(e.failures.items(), key=lambda item: (_blame_order(item[1]), item[1].timestamp, item[0]))
         lines = [_describe(rank, failure) for rank, failure in failures]
         first = failures[0][1]
         code = first.exitcode if first.exitcode > 0 else DistributedError.exit_code
