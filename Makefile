@@ -11,11 +11,12 @@ CONFIG ?= configs/default.yaml
 NPROC ?= auto
 RUN ?=
 SET ?=
+DRY_RUN ?=
 PYTEST_ARGS ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-TRAIN_ARGS = --config $(CONFIG) --nproc $(NPROC) $(if $(RUN),--run $(RUN)) $(foreach s,$(SET),--set $(s))
+TRAIN_ARGS = --config $(CONFIG) --nproc $(NPROC) $(if $(RUN),--run $(RUN)) $(foreach s,$(SET),--set $(s)) $(if $(DRY_RUN),--dry-run)
 
 # Run a command; on failure say which exit code it returned, then fail with it.
 define checked

@@ -37,6 +37,9 @@ def parser() -> argparse.ArgumentParser:
         )
         c.add_argument("--run", help="run name (folder under run.runs_dir); default: the config file's stem")
         c.add_argument("--nproc", default=None, help="processes per node: auto (default) or a number")
+        c.add_argument(
+            "--dry-run", action="store_true", help="print what the data stage would fetch from where, then stop"
+        )
     return p
 
 
@@ -47,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides, run_name=args.run or None)
         from train.pipeline import run_stages  # torch is imported only once the config is known to be good
 
-        run_stages(cfg, args.command, args.nproc)
+        run_stages(cfg, args.command, args.nproc, dry_run=args.dry_run)
     except TrainError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

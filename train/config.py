@@ -17,8 +17,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from train.errors import ConfigError
 
-PDE = Literal["advection1d", "burgers1d", "darcy2d", "cfd1d", "cfd2d"]
-AUTOREGRESSIVE_PDES = ("advection1d", "burgers1d", "cfd1d", "cfd2d")
+PDE = Literal[
+    "advection1d", "burgers1d", "reacdiff1d", "darcy2d", "cfd1d", "cfd2d", "diffreact2d", "shallowwater2d",
+    "diffsorp1d",
+]  # fmt: skip
+
+# Where a split's file may live under a folder or bucket source, tried in order. {task} is the task's name,
+# {split} train/val/test, {Split} PDEBench's Train/Valid/Test.
+DEFAULT_TEMPLATES = (
+    "{task}/{split}.h5",
+    "full/{task}/{task}_{split}.h5",
+    "full/{task}/{task}_{split}_000.h5",
+    "pdebench/{task}_full_v1/{task}_{split}.h5",
+)
 
 
 class Section(BaseModel):
@@ -29,7 +40,12 @@ class TaskConfig(Section):
     pde: PDE
     """Equation family: picks the generator, the HDF5 keys read and how samples are formed."""
     source: str = "generate"
-    """'generate' writes a small dataset locally; otherwise the path of a PDEBench single-file HDF5 file."""
+    """Where the data comes from: 'generate' (a small dataset made locally); one HDF5 file (its val/test
+    splits are carved from it); or a folder, 'file:///folder' or 'b2://bucket/prefix' searched with
+    `templates` for each split's file."""
+    templates: list[str] = Field(default_factory=lambda: list(DEFAULT_TEMPLATES), min_length=1)
+    """Candidate paths of a split's file under a folder or bucket source, first match wins; placeholders
+    {task}, {split} (train/val/test) and {Split} (Train/Valid/Test)."""
     n_samples: int = Field(1000, ge=10)
     """Samples to generate (source 'generate' only)."""
     resolution: int = Field(256, ge=8)
@@ -45,9 +61,11 @@ class TaskConfig(Section):
     initial_step: int = Field(10, ge=1)
     """Frames given to the model; it predicts the next one and rolls out to the last (autoregressive only)."""
     test_fraction: float = Field(0.1, gt=0, lt=1)
-    """Share of samples held out for test: the FIRST ones, as in PDEBench's single-file datasets."""
+    """Share of the training file carved out as test set when no test file exists: the FIRST samples of
+    single-file datasets, the LAST groups of group-per-seed ones (PDEBench's conventions)."""
     val_fraction: float = Field(0.1, ge=0, lt=1)
-    """Share of samples for validation, taken right after the test samples; 0 disables validation."""
+    """Share carved out for validation when no val file exists, next to the test share; 0 disables
+    validation."""
     batch_size: int = Field(32, ge=1)
     """Training samples per rank per step."""
     patch_size: int = Field(8, ge=1)
@@ -145,6 +163,14 @@ class Config(Section):
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
                 raise ValueError(f"task name {name!r} must be letters, digits and '_', starting with a letter")
         for name, task in self.tasks.items():
+            for template in task.templates:
+                try:
+                    template.format(task="t", split="train", Split="Train")
+                except (KeyError, IndexError, ValueError) as e:
+                    raise ValueError(
+                        f"tasks.{name}.templates: {template!r} is not a valid template ({type(e).__name__}: {e}); "
+                        f"placeholders are {{task}}, {{split}} and {{Split}}"
+                    ) from None
             if task.test_fraction + task.val_fraction > 0.9 + 1e-9:
                 raise ValueError(
                     f"tasks.{name}: test_fraction + val_fraction must leave at least 10% of samples for training"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from train.atomic import write_json_atomic, write_text_atomic
 from train.config import Config, load_config, to_yaml, training_differences
-from train.data import generate
 from train.data.cache import CacheInfo, build_cache
+from train.data.sources import SplitFiles, stage_data
 from train.dist.launch import launch, resolve_nproc
 from train.engine.checkpoint import latest_checkpoint, load_checkpoint
-from train.errors import ConfigError, DataError
+from train.errors import ConfigError
 from train.model.multitask import TaskSpec, check_specs
 from train.obs.report import report_is_current
 from train.worker import INPUTS
@@ -31,42 +31,7 @@ def run_dir_of(cfg: Config) -> Path:
     return Path(cfg.run.runs_dir) / cfg.run.name
 
 
-def source_path(cfg: Config, name: str) -> Path:
-    task = cfg.tasks[name]
-    if task.source == "generate":
-        return Path(cfg.run.data_dir) / name / generate.pdebench_filename(task.pde, task.coefficient)
-    return Path(task.source).expanduser()
-
-
-def stage_data(cfg: Config) -> dict[str, Path]:
-    """Make every task's HDF5 file available: generate it (once) or check the given path."""
-    sources = {}
-    for name, task in cfg.tasks.items():
-        path = source_path(cfg, name)
-        if task.source != "generate":
-            if not path.is_file():
-                raise DataError(f"tasks.{name}.source: data file '{path}' not found; fix the path or use 'generate'")
-            log.info("data %s: using %s", name, path)
-        else:
-            if task.pde not in generate.PDES:
-                raise ConfigError(
-                    f"tasks.{name}: pde '{task.pde}' has no local generator ({', '.join(generate.PDES)} do); "
-                    f"set tasks.{name}.source to a PDEBench HDF5 file"
-                )
-            request = dict(
-                n_samples=task.n_samples, resolution=task.resolution, coefficient=task.coefficient, seed=task.seed
-            )
-            expected = {**request, "pde": task.pde, "version": generate.VERSION}
-            if generate.generator_params(path) == expected:
-                log.info("data %s: up to date at %s", name, path)
-            else:
-                log.info("data %s: generating %d %s samples into %s", name, task.n_samples, task.pde, path)
-                generate.generate(task.pde, path, **request)
-        sources[name] = path
-    return sources
-
-
-def stage_cache(cfg: Config, sources: dict[str, Path]) -> dict[str, CacheInfo]:
+def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, CacheInfo]:
     infos = {name: build_cache(name, cfg.tasks[name], sources[name], Path(cfg.run.cache_dir)) for name in cfg.tasks}
     problems = []
     for name, info in infos.items():
@@ -115,10 +80,16 @@ def fit_is_done(cfg: Config, run_dir: Path) -> bool:
     return path is not None and load_checkpoint(path)["progress"]["epoch"] >= cfg.train.epochs
 
 
-def run_stages(cfg: Config, command: str, nproc: str | int | None = None) -> Path | None:
-    """Run ``command`` (a stage, or 'run' for all) and the stages it needs, skipping what is valid."""
-    sources = stage_data(cfg)
-    if command == "data":
+def run_stages(
+    cfg: Config, command: str, nproc: str | int | None = None, *, dry_run: bool = False, b2_api=None
+) -> Path | None:
+    """Run ``command`` (a stage, or 'run' for all) and the stages it needs, skipping what is valid.
+
+    ``dry_run`` stops after printing what the data stage would fetch; ``b2_api`` replaces the B2 client
+    built from the environment (tests use b2sdk's simulator).
+    """
+    sources = stage_data(cfg, dry_run=dry_run, b2_api=b2_api)
+    if command == "data" or dry_run:
         return None
     infos = stage_cache(cfg, sources)
     if command == "cache":

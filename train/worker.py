@@ -59,7 +59,7 @@ def evaluate(cfg, env: DistEnv, tasks: list[TaskData], run_dir: Path) -> None:
     for name, r in results.items():
         log.info("test %s: nRMSE %.4g (baseline %.4g), RMSE %.4g", name, r["nrmse"], r["baseline_nrmse"], r["rmse"])
     if env.is_main:
-        write_report(run_dir, results, path)
+        write_report(run_dir, results, path, {t.name: t.info.splits for t in tasks})
         log.info("report written to %s", run_dir / "report")
 
 

@@ -13,6 +13,7 @@ from train.config import TaskConfig
 from train.data import cache as cachemod
 from train.data.cache import MANIFEST, CacheInfo, build_cache, cache_path
 from train.data.generate import generate
+from train.data.sources import SplitFiles
 from train.errors import DataError
 
 CFD1D_KEYS = ("density", "pressure", "Vx")
@@ -111,7 +112,12 @@ def test_manifest_fields(tmp_path):
     assert meta["grid"] == [4]
     assert meta["n_frames"] == 5
     assert meta["sizes"] == {"train": 16, "val": 2, "test": 2}
-    assert meta["source"]["size"] == src.stat().st_size
+    assert meta["source"]["train"]["size"] == src.stat().st_size
+    assert meta["splits"] == {
+        "test": {"file": str(src), "samples": [0, 2], "carved": True},
+        "val": {"file": str(src), "samples": [2, 4], "carved": True},
+        "train": {"file": str(src), "samples": [4, 20], "carved": False},
+    }
     np.testing.assert_allclose(meta["coordinates"]["x"], ((np.arange(16) + 0.5) / 16)[::4], rtol=1e-6)
     np.testing.assert_allclose(meta["coordinates"]["t"], (np.arange(9) * 0.01)[::2], rtol=1e-5)
     assert sorted(p.name for p in info.path.iterdir()) == [MANIFEST, "test.npy", "train.npy", "val.npy"]
@@ -355,3 +361,60 @@ def test_val_fraction_zero_darcy(tmp_path):
     assert info.array("val", "x").shape == (0, 4, 4, 1)
     assert info.array("val", "y").shape == (0, 4, 4, 1)
     assert info.array("train", "x").shape == (9, 4, 4, 1)
+
+
+# ------------------------------------------------------------------------------- per-split source files
+def test_pre_split_files_are_used_whole_and_nothing_is_carved(tmp_path):
+    train = advection_data(seed=1, shape=(12, 9, 16))
+    val = advection_data(seed=2, shape=(3, 9, 16))
+    test = advection_data(seed=3, shape=(5, 9, 16))
+    files = SplitFiles(
+        train=write_tensor(tmp_path / "x_Train.hdf5", train),
+        val=write_tensor(tmp_path / "x_Valid.hdf5", val),
+        test=write_tensor(tmp_path / "x_Test.hdf5", test),
+    )
+    info = build_cache("adv", task(), files, tmp_path / "cache")
+    assert info.sizes == {"train": 12, "val": 3, "test": 5}
+    assert not any(d["carved"] for d in info.splits.values())
+    mean, std = train.astype(np.float64).mean(), train.astype(np.float64).std()
+    np.testing.assert_allclose(info.array("test")[..., 0], (test - mean) / std, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(info.array("val")[..., 0], (val - mean) / std, rtol=1e-4, atol=1e-5)
+
+
+def test_only_the_missing_split_is_carved(tmp_path):
+    train = advection_data(seed=1, shape=(20, 9, 16))
+    test = advection_data(seed=3, shape=(4, 9, 16))
+    files = SplitFiles(train=write_tensor(tmp_path / "train.h5", train), test=write_tensor(tmp_path / "test.h5", test))
+    info = build_cache("adv", task(val_fraction=0.1), files, tmp_path / "cache")
+    # val: the first 10% of the train file (single-file convention); the rest trains; test is its own file.
+    assert info.sizes == {"train": 18, "val": 2, "test": 4}
+    assert info.splits["val"] == {"file": str(files.train), "samples": [0, 2], "carved": True}
+    assert info.splits["test"]["carved"] is False
+
+
+def test_group_per_seed_files_carve_the_last_groups_for_test(tmp_path):
+    rng = np.random.default_rng(5)
+    data = rng.normal(size=(10, 6, 8, 1)).astype(np.float32)  # 10 groups of (t, x, c)
+    path = tmp_path / "1D_diff-sorp_NA_NA.h5"
+    with h5py.File(path, "w") as f:
+        for i, sample in enumerate(data):
+            group = f.create_group(f"{i:04d}")
+            group.create_dataset("data", data=sample)
+            group.create_dataset("grid/x", data=(np.arange(8) + 0.5) / 8)
+            group.create_dataset("grid/t", data=np.arange(6) * 0.1)
+    info = build_cache("sorp", task("diffsorp1d", initial_step=2), path, tmp_path / "cache")
+    assert info.sizes == {"train": 8, "val": 1, "test": 1}
+    assert info.splits["test"]["samples"] == [9, 10] and info.splits["val"]["samples"] == [8, 9]
+    train = data[:8].astype(np.float64)
+    expected_test = (data[9:] - train.mean()) / train.std()
+    np.testing.assert_allclose(info.array("test"), expected_test, rtol=1e-4, atol=1e-5)
+
+
+def test_split_files_that_disagree_in_grid_are_refused(tmp_path):
+    files = SplitFiles(
+        train=write_tensor(tmp_path / "train.h5", advection_data(shape=(10, 9, 16))),
+        test=write_tensor(tmp_path / "test.h5", advection_data(shape=(3, 9, 32))),
+    )
+    with pytest.raises(DataError, match=r"test\.h5.*differs from the train file"):
+        build_cache("adv", task(), files, tmp_path / "cache")
+    assert not (tmp_path / "cache" / "adv").exists() or not any((tmp_path / "cache" / "adv").iterdir())

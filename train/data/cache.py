@@ -16,12 +16,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from train.atomic import fsync_dir, write_json_atomic
 from train.config import TaskConfig
-from train.data.pdebench import LAYOUTS, SPLITS, SingleFileReader, split_ranges
+from train.data.pdebench import LAYOUTS, SPLITS, open_reader, split_ranges
+from train.data.sources import SplitFiles
 from train.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ class CacheInfo:
     input_std: tuple[float, ...]
     target_mean: tuple[float, ...]
     target_std: tuple[float, ...]
+    splits: dict[str, dict]
 
     def array(self, split: str, part: str = "") -> np.ndarray:
         """Memory-map one array: ``part`` is '' (trajectories), 'x' or 'y' (steady inputs/targets)."""
@@ -74,7 +77,12 @@ def fingerprint(source: Path) -> dict:
     return {"path": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def cache_key(task: TaskConfig, source: Path) -> str:
+def _as_files(source: Path | SplitFiles) -> SplitFiles:
+    return source if isinstance(source, SplitFiles) else SplitFiles(train=Path(source))
+
+
+def cache_key(task: TaskConfig, source: Path | SplitFiles) -> str:
+    files = _as_files(source)
     recipe = {
         "format": CACHE_FORMAT,
         "pde": task.pde,
@@ -82,12 +90,12 @@ def cache_key(task: TaskConfig, source: Path) -> str:
         "temporal_stride": task.temporal_stride,
         "test_fraction": task.test_fraction,
         "val_fraction": task.val_fraction,
-        "source": fingerprint(source),
+        "source": {split: fingerprint(path) for split in SPLITS if (path := files.get(split)) is not None},
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cache_path(cache_root: Path, name: str, task: TaskConfig, source: Path) -> Path:
+def cache_path(cache_root: Path, name: str, task: TaskConfig, source: Path | SplitFiles) -> Path:
     return cache_root / name / cache_key(task, source)
 
 
@@ -124,7 +132,7 @@ class _RunningStats:
         return mean, np.where(constant, 1.0, std)
 
 
-def build_cache(name: str, task: TaskConfig, source: Path, cache_root: Path) -> CacheInfo:
+def build_cache(name: str, task: TaskConfig, source: Path | SplitFiles, cache_root: Path) -> CacheInfo:
     """Return the valid cache for this task, building it first if needed (a no-op when it exists)."""
     final = cache_path(cache_root, name, task, source)
     info = CacheInfo.load(final)
@@ -137,7 +145,7 @@ def build_cache(name: str, task: TaskConfig, source: Path, cache_root: Path) -> 
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
-        _write(tmp, task, source)
+        _write(tmp, task, _as_files(source))
         try:
             os.rename(tmp, final)
         except OSError:
@@ -154,23 +162,51 @@ def build_cache(name: str, task: TaskConfig, source: Path, cache_root: Path) -> 
     return info
 
 
-def _write(folder: Path, task: TaskConfig, source: Path) -> None:
+def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bool]]:
+    """Each split's reader and sample range; splits without a file of their own are carved from train."""
     layout = LAYOUTS[task.pde]
-    reader = SingleFileReader(source, task.pde, task.spatial_stride, task.temporal_stride)
+    open_ = lambda path: open_reader(path, task.pde, task.spatial_stride, task.temporal_stride)  # noqa: E731
+    train = open_(files.train)
+    carve_test, carve_val = files.test is None, files.val is None
+    ranges = split_ranges(
+        train.n_samples,
+        task.test_fraction if carve_test else 0.0,
+        task.val_fraction if carve_val else 0.0,
+        layout.test_first,
+    )
+    plan = {"train": (train, ranges["train"], False)}
+    for split, carve in (("val", carve_val), ("test", carve_test)):
+        if carve:
+            plan[split] = (train, ranges[split], True)
+        else:
+            reader = open_(files.get(split))
+            if (reader.grid, reader.n_frames) != (train.grid, train.n_frames):
+                raise DataError(
+                    f"{reader.path}: grid {reader.grid} x {reader.n_frames} frames differs from the train file "
+                    f"{train.path} ({train.grid} x {train.n_frames} frames); the splits must come from one dataset"
+                )
+            plan[split] = (reader, range(reader.n_samples), False)
+    return plan
+
+
+def _write(folder: Path, task: TaskConfig, files: SplitFiles) -> None:
+    layout = LAYOUTS[task.pde]
+    plan = _plan(task, files)
+    train = plan["train"][0]
     try:
-        ranges = split_ranges(reader.n_samples, task.test_fraction, task.val_fraction)
         parts = [""] if layout.autoregressive else ["x", "y"]
         stats = {part: _RunningStats() for part in parts}
         arrays: dict[tuple[str, str], np.ndarray] = {}
         # Training split first: its statistics normalise every split, so val/test never leak into them.
         for split in ("train", "val", "test"):
+            reader, samples, _ = plan[split]
             offset = 0
-            for inputs, targets in reader.iter_blocks(ranges[split]):
+            for inputs, targets in reader.iter_blocks(samples):
                 blocks = {"": inputs} if layout.autoregressive else {"x": inputs, "y": targets}
                 for part, block in blocks.items():
                     if (split, part) not in arrays:
                         name = f"{split}_{part}.npy" if part else f"{split}.npy"
-                        shape = (len(ranges[split]), *block.shape[1:])
+                        shape = (len(samples), *block.shape[1:])
                         arrays[split, part] = np.lib.format.open_memmap(
                             folder / name, mode="w+", dtype=np.float32, shape=shape
                         )
@@ -179,38 +215,46 @@ def _write(folder: Path, task: TaskConfig, source: Path) -> None:
                         stats[part].update(block)
                 offset += len(inputs)
         moments = {part: stats[part].result() for part in parts}
+        step = train.block_size()
         for (_split, part), array in arrays.items():
             mean, std = moments[part]
-            for start in range(0, len(array), reader.block_size()):
-                chunk = array[start : start + reader.block_size()]
+            for start in range(0, len(array), step):
+                chunk = array[start : start + step]
                 chunk[...] = (chunk - mean.astype(np.float32)) / std.astype(np.float32)
             array.flush()
         for split in SPLITS:
             for part in parts:
                 if (split, part) not in arrays:  # an empty split (val_fraction 0)
                     name = f"{split}_{part}.npy" if part else f"{split}.npy"
-                    channels = len(layout.targets) if part != "x" else len(layout.inputs)
-                    extra = (reader.n_frames,) if layout.autoregressive else ()
-                    np.save(folder / name, np.zeros((0, *extra, *reader.grid, channels), np.float32))
+                    np.save(folder / name, np.zeros((0, *arrays["train", part].shape[1:]), np.float32))
         in_part, out_part = ("", "") if layout.autoregressive else ("x", "y")
         manifest = {
             "format": CACHE_FORMAT,
             "pde": task.pde,
             "autoregressive": layout.autoregressive,
-            "grid": list(reader.grid),
-            "n_frames": reader.n_frames,
-            "in_channels": len(layout.inputs),
-            "out_channels": len(layout.targets),
-            "sizes": {split: len(ranges[split]) for split in SPLITS},
+            "grid": list(train.grid),
+            "n_frames": train.n_frames,
+            "in_channels": arrays["train", in_part].shape[-1],
+            "out_channels": arrays["train", out_part].shape[-1],
+            "sizes": {split: len(plan[split][1]) for split in SPLITS},
             "input_mean": moments[in_part][0].tolist(),
             "input_std": moments[in_part][1].tolist(),
             "target_mean": moments[out_part][0].tolist(),
             "target_std": moments[out_part][1].tolist(),
-            "source": fingerprint(source),
-            "coordinates": reader.coordinates(),
+            "splits": {
+                split: {
+                    "file": str(reader.path),
+                    "samples": [samples.start, samples.stop],
+                    "carved": carved,
+                }
+                for split, (reader, samples, carved) in plan.items()
+            },
+            "source": {split: fingerprint(reader.path) for split, (reader, _, _) in plan.items()},
+            "coordinates": train.coordinates(),
         }
     finally:
-        reader.close()
+        for reader, _, _ in plan.values():
+            reader.close()
     for path in folder.iterdir():
         with open(path, "rb+") as f:
             os.fsync(f.fileno())

@@ -1,8 +1,12 @@
-"""Readers for PDEBench's single-file HDF5 style (see PDEBENCH.md section 1A).
+"""Readers for PDEBench's two HDF5 storage styles (see PDEBENCH.md sections 1A and 1B).
 
 Everything is returned channels-last: autoregressive fields as (n, t, *space, c), steady (Darcy) pairs as
-(n, *space, c). Files are opened lazily and read in contiguous blocks of samples: one h5py call per block
-is far faster than one per sample for PDEBench's unchunked datasets.
+(n, *space, c). Files are opened lazily and read in blocks of samples: one h5py call per block is far faster
+than one per sample for PDEBench's unchunked single-file datasets, and a group-per-seed file is read one whole
+group per call because its lzf chunks must be decompressed whole anyway.
+
+A pre-split file (``..._Train.hdf5`` / ``_Valid`` / ``_Test``) is a single-file style file holding one split:
+read all of it with ``range(0, reader.n_samples)``.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import h5py
 import numpy as np
@@ -21,49 +26,78 @@ READ_BLOCK_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class Layout:
-    """Which HDF5 keys hold a family's fields and how a sample is formed from them."""
+    """Which HDF5 keys hold a family's fields and how a sample is formed from them.
+
+    ``style`` "single": one dataset per field, sample axis first. "groups": one group per seed whose ``data``
+    array is [t, *space, channel]; ``channels`` is the channel count that array must have.
+    """
 
     inputs: tuple[str, ...]
     targets: tuple[str, ...]
     spatial_dims: int
     autoregressive: bool
+    style: Literal["single", "groups"] = "single"
+    channels: int | None = None
+
+    @property
+    def test_first(self) -> bool:
+        """PDEBench's split convention: single-file test sets are the first samples, group-per-seed the last."""
+        return self.style == "single"
 
 
 LAYOUTS = {
     "advection1d": Layout(("tensor",), ("tensor",), 1, True),
     "burgers1d": Layout(("tensor",), ("tensor",), 1, True),
+    "reacdiff1d": Layout(("tensor",), ("tensor",), 1, True),
     "darcy2d": Layout(("nu",), ("tensor",), 2, False),
     "cfd1d": Layout(("density", "pressure", "Vx"), ("density", "pressure", "Vx"), 1, True),
     "cfd2d": Layout(("density", "pressure", "Vx", "Vy"), ("density", "pressure", "Vx", "Vy"), 2, True),
+    "diffreact2d": Layout(("data",), ("data",), 2, True, "groups", 2),  # 2D_diff-react_NA_NA.h5
+    "shallowwater2d": Layout(("data",), ("data",), 2, True, "groups", 1),  # 2D_rdb_NA_NA.h5
+    "diffsorp1d": Layout(("data",), ("data",), 1, True, "groups", 1),  # 1D_diff-sorp_NA_NA.h5
 }
 
 SPLITS = ("train", "val", "test")
 
 
-def split_ranges(n: int, test_fraction: float, val_fraction: float) -> dict[str, range]:
-    """PDEBench's single-file convention: test is the FIRST share of samples; val follows; train is the rest."""
-    n_test = max(1, round(n * test_fraction))
+def split_ranges(n: int, test_fraction: float, val_fraction: float, test_first: bool = True) -> dict[str, range]:
+    """Contiguous test/val/train ranges in PDEBench's order for the family (``Layout.test_first``).
+
+    test_first (single-file): test is the FIRST share, val follows, train is the rest.
+    Otherwise (group-per-seed): test is the LAST share, val is just before it, train is the front.
+    A positive test fraction keeps at least one test sample; a zero one (the test split comes from its own
+    file) takes none, so no training sample is lost.
+    """
+    n_test = max(1, round(n * test_fraction)) if test_fraction > 0 else 0
     n_val = round(n * val_fraction)
-    if n - n_test - n_val < 1:
+    n_train = n - n_test - n_val
+    if n_train < 1:
         raise DataError(f"{n} samples are too few to split into test={n_test}, val={n_val} and a training set")
-    return {
-        "test": range(0, n_test),
-        "val": range(n_test, n_test + n_val),
-        "train": range(n_test + n_val, n),
-    }
+    if test_first:
+        return {"test": range(0, n_test), "val": range(n_test, n_test + n_val), "train": range(n_test + n_val, n)}
+    return {"train": range(0, n_train), "val": range(n_train, n_train + n_val), "test": range(n_train + n_val, n)}
 
 
-class SingleFileReader:
-    """Validated, strided access to one PDEBench single-file dataset."""
+class _LazyHdf5:
+    """What both readers share: a lazily opened handle and the strided geometry of one sample."""
 
-    def __init__(self, path: str | Path, pde: str, spatial_stride: int = 1, temporal_stride: int = 1):
+    path: Path
+    pde: str
+    layout: Layout
+    spatial_stride: int
+    temporal_stride: int
+    raw_shape: tuple[int, ...]  # one sample's [t, *space] before striding (no channel axis)
+    _file: h5py.File | None
+
+    def _setup(self, path: str | Path, pde: str, style: str, spatial_stride: int, temporal_stride: int) -> None:
         self.path = Path(path)
         self.layout = LAYOUTS[pde]
+        if self.layout.style != style:
+            raise ValueError(f"{pde} files are {self.layout.style}-style; open them with open_reader()")
         self.pde = pde
         self.spatial_stride = spatial_stride
         self.temporal_stride = temporal_stride if self.layout.autoregressive else 1
-        self._file: h5py.File | None = None
-        self._check()
+        self._file = None
 
     # h5py handles cannot cross fork(): open on first use, in whichever process uses it.
     @property
@@ -79,6 +113,37 @@ class SingleFileReader:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_file": None}
+
+    def _check_stride(self) -> None:
+        space = self.raw_shape[1:]
+        for n in space:
+            if n < self.spatial_stride:
+                raise DataError(f"{self.path}: spatial stride {self.spatial_stride} exceeds the grid {space}")
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """Spatial grid after striding."""
+        return tuple(len(range(0, n, self.spatial_stride)) for n in self.raw_shape[1:])
+
+    @property
+    def n_frames(self) -> int:
+        return len(range(0, self.raw_shape[0], self.temporal_stride)) if self.layout.autoregressive else 1
+
+    def _stride(self, block: np.ndarray, has_time: bool) -> np.ndarray:
+        """Strides a block [sample, (t), *space, ...]; trailing axes (channels) are kept whole."""
+        index = [slice(None)]
+        if has_time:
+            index.append(slice(None, None, self.temporal_stride))
+        index += [slice(None, None, self.spatial_stride)] * self.layout.spatial_dims
+        return block[tuple(index)]
+
+
+class SingleFileReader(_LazyHdf5):
+    """Validated, strided access to one PDEBench single-file dataset."""
+
+    def __init__(self, path: str | Path, pde: str, spatial_stride: int = 1, temporal_stride: int = 1):
+        self._setup(path, pde, "single", spatial_stride, temporal_stride)
+        self._check()
 
     def _check(self) -> None:
         keys = dict.fromkeys(self.layout.inputs + self.layout.targets)
@@ -112,19 +177,7 @@ class SingleFileReader:
             raise DataError(f"{self.path}: fields must share one shape, got {shapes}")
         self.n_samples = shapes[self.layout.targets[0]][0]
         self.raw_shape = shapes[self.layout.targets[0]][1:]
-        space = self.raw_shape[1:]
-        for n in space:
-            if n < self.spatial_stride:
-                raise DataError(f"{self.path}: spatial stride {self.spatial_stride} exceeds the grid {space}")
-
-    @property
-    def grid(self) -> tuple[int, ...]:
-        """Spatial grid after striding."""
-        return tuple(len(range(0, n, self.spatial_stride)) for n in self.raw_shape[1:])
-
-    @property
-    def n_frames(self) -> int:
-        return len(range(0, self.raw_shape[0], self.temporal_stride)) if self.layout.autoregressive else 1
+        self._check_stride()
 
     def coordinates(self) -> dict[str, list[float]]:
         """Strided coordinates from the file. PDEBench's t-coordinate carries one spurious extra entry."""
@@ -136,13 +189,6 @@ class SingleFileReader:
             t = self.file["t-coordinate"][: self.raw_shape[0]]
             out["t"] = t[:: self.temporal_stride].astype(float).tolist()
         return out
-
-    def _stride(self, block: np.ndarray, has_time: bool) -> np.ndarray:
-        index = [slice(None)]
-        if has_time:
-            index.append(slice(None, None, self.temporal_stride))
-        index += [slice(None, None, self.spatial_stride)] * self.layout.spatial_dims
-        return block[tuple(index)]
 
     def _read(self, keys: tuple[str, ...], start: int, stop: int, has_time: bool) -> np.ndarray:
         fields = []
@@ -177,6 +223,94 @@ class SingleFileReader:
                     self._read(self.layout.inputs, start, stop, False),
                     self._read(self.layout.targets, start, stop, False),
                 )
+
+
+class GroupReader(_LazyHdf5):
+    """Validated, strided access to one PDEBench group-per-seed file: sample i is the i-th group in sorted order."""
+
+    def __init__(self, path: str | Path, pde: str, spatial_stride: int = 1, temporal_stride: int = 1):
+        self._setup(path, pde, "groups", spatial_stride, temporal_stride)
+        self._check()
+
+    def _check(self) -> None:
+        # Metadata only: reading every lzf-compressed group up front would cost as much as a full pass.
+        f = self.file
+        self._keys = sorted(key for key in f if f.get(key, getclass=True) is h5py.Group)
+        if not self._keys:
+            raise DataError(
+                f"{self.path}: no sample groups (keys: {sorted(f.keys())}); a {self.pde} file holds one group "
+                "per seed ('0000', '0001', ...), each with a 'data' dataset"
+            )
+        d, c = self.layout.spatial_dims, self.layout.channels
+        first = None
+        for key in self._keys:
+            # h5py's high-level wrappers cost ~0.3 ms per group; the low-level open is ~4x cheaper at 10000 groups.
+            try:
+                ds = h5py.h5d.open(f.id, f"{key}/data".encode())
+            except KeyError:
+                raise DataError(
+                    f"{self.path}: group '{key}' has no 'data' dataset (keys: {sorted(f[key].keys())})"
+                ) from None
+            if ds.dtype.kind != "f":
+                raise DataError(f"{self.path}: '{key}/data' must be floating-point, got {ds.dtype}")
+            if first is None:
+                if len(ds.shape) != 2 + d or ds.shape[-1] != c:
+                    raise DataError(
+                        f"{self.path}: '{key}/data' has shape {ds.shape}; a {self.pde} sample is "
+                        f"[t, {d}D space, {c} channel(s)]"
+                    )
+                first = (key, ds.shape)
+            elif ds.shape != first[1]:
+                raise DataError(
+                    f"{self.path}: '{key}/data' has shape {ds.shape} but '{first[0]}/data' has {first[1]}; "
+                    "every group must share one shape"
+                )
+        self.n_samples = len(self._keys)
+        self.raw_shape = first[1][:-1]
+        self._check_stride()
+
+    def coordinates(self) -> dict[str, list[float]]:
+        """Strided coordinates from the first group's ``grid``; every seed shares one grid."""
+        grid = self.file[self._keys[0]].get("grid")
+        out = {}
+        for axis in "xyz":
+            if grid is not None and axis in grid:
+                out[axis] = grid[axis][:: self.spatial_stride].astype(float).tolist()
+        if grid is not None and "t" in grid:
+            out["t"] = grid["t"][: self.raw_shape[0]][:: self.temporal_stride].astype(float).tolist()
+        return out
+
+    def block_size(self) -> int:
+        per_sample = 4 * int(np.prod(self.raw_shape)) * self.layout.channels
+        return max(1, READ_BLOCK_BYTES // per_sample)
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty((stop - start, self.n_frames, *self.grid, self.layout.channels), np.float32)
+        for i in range(start, stop):
+            key = self._keys[i]
+            try:
+                raw = self.file[key]["data"][()]
+            except OSError as e:
+                raise DataError(f"{self.path}: cannot read '{key}/data' (sample {i}): {e}") from None
+            out[i - start] = self._stride(raw[None], True)[0]
+            if not np.isfinite(out[i - start]).all():
+                raise DataError(f"{self.path}: non-finite values (NaN/Inf) in 'data' at sample {i} (group '{key}')")
+        return out
+
+    def iter_blocks(self, samples: range) -> Iterator[tuple[np.ndarray, None]]:
+        """Yield (inputs, None) blocks over a contiguous range of sorted groups."""
+        step = self.block_size()
+        for start in range(samples.start, samples.stop, step):
+            yield self._read(start, min(start + step, samples.stop)), None
+
+
+Reader = SingleFileReader | GroupReader
+
+
+def open_reader(path: str | Path, pde: str, spatial_stride: int = 1, temporal_stride: int = 1) -> Reader:
+    """The reader for the family's storage style (``LAYOUTS[pde].style``)."""
+    cls = GroupReader if LAYOUTS[pde].style == "groups" else SingleFileReader
+    return cls(path, pde, spatial_stride, temporal_stride)
 
 
 def open_hdf5(path: Path) -> h5py.File:

@@ -95,6 +95,8 @@ def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str]) -> No
         *worker_args,
     ]
     log.info("launching %d rank(s): torchrun %s", nproc, " ".join(argv))
+    # torchrun's agent turns SIGINT/SIGTERM into exceptions and leaves its handlers installed; put ours back.
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
     try:
         run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
@@ -104,3 +106,6 @@ def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str]) -> No
         code = first.exitcode if first.exitcode > 0 else DistributedError.exit_code
         summary = "training failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run_dir / 'logs'}"
         raise WorkerFailure(code, summary) from None
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -7,9 +7,16 @@ from pathlib import Path
 from train.atomic import write_json_atomic, write_text_atomic
 
 
-def write_report(run_dir: Path, results: dict[str, dict[str, float]], checkpoint: Path, split: str = "test") -> None:
+def write_report(
+    run_dir: Path,
+    results: dict[str, dict[str, float]],
+    checkpoint: Path,
+    data: dict[str, dict[str, dict]],
+    split: str = "test",
+) -> None:
+    """``data``: per task, where each split came from (file, sample range, carved or not)."""
     report = run_dir / "report"
-    write_json_atomic(report / "summary.json", results)
+    write_json_atomic(report / "summary.json", {name: {**r, "data": data[name]} for name, r in results.items()})
     lines = [
         f"# Run `{run_dir.name}`: {split} metrics",
         "",
@@ -26,6 +33,12 @@ def write_report(run_dir: Path, results: dict[str, dict[str, float]], checkpoint
             f"| {name} | {r['nrmse']:.4g} | {r['rmse']:.4g} | {r['baseline_nrmse']:.4g} | "
             f"{r['baseline_rmse']:.4g} | {better} | {r['n_samples']} |"
         )
+    lines += ["", "## Data", "", "| task | split | file | samples | |", "|---|---|---|---|---|"]
+    for name, splits in data.items():
+        for split_name, d in splits.items():
+            start, stop = d["samples"]
+            how = "carved from the train file (PDEBench convention)" if d["carved"] else ""
+            lines.append(f"| {name} | {split_name} | `{d['file']}` | {start}..{stop} | {how} |")
     write_text_atomic(report / "summary.md", "\n".join(lines) + "\n")
 
 

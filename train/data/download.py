@@ -1,0 +1,410 @@
+"""Fetch PDEBench files from a B2 bucket or a local folder into the data folder, verified and atomic.
+
+Guarantees:
+
+- Nothing partial or corrupt ever sits under a destination name: bytes go to a temporary file beside it, their
+  size and SHA1 are checked, and only then is it renamed into place. A failure, an exception or Ctrl-C leaves
+  the destination as it was and no temporary file behind.
+- The expected SHA1 is B2's ``content_sha1`` or, for multipart uploads (``content_sha1`` 'none'), the
+  ``large_file_sha1`` file info, which b2sdk itself never checks; local copies are checked against the SHA1 of
+  the source computed while reading it. A file whose SHA1 nobody knows is recorded with a warning.
+- A manifest (``<dest folder>/.manifest.json``: size, SHA1 and source per file) makes a re-run a no-op that
+  transfers nothing and does not re-read the local file.
+- B2 credentials come from the environment and never appear in a message, log line, exception or file.
+- Remote names cannot escape their store: ``..``, absolute paths, empty parts and backslashes are refused.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from filelock import FileLock, Timeout
+from tqdm import tqdm
+
+from train.atomic import atomic_path, write_json_atomic
+from train.errors import ConfigError, DataError, PreflightError, TrainError
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+MANIFEST = ".manifest.json"
+RETRY_DELAY_S = 2.0
+_SHA1 = re.compile(r"[0-9a-f]{40}")
+_manifest_lock = threading.Lock()  # a batch's threads share manifests; fetch_all's file lock covers processes
+
+Progress = Callable[[int], None]  # byte deltas; negative when a failed attempt's bytes are taken back
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    name: str  # relative to the store's root, '/'-separated
+    size: int
+    sha1: str | None  # lower-case hex; None when the store does not know it
+    version: str | None = None  # identifies the content when there is no SHA1: B2's file id, a local mtime
+
+
+class Store(Protocol):
+    url: str  # for messages and logs only; never holds a secret
+
+    def stat(self, name: str) -> RemoteFile | None: ...
+
+    def download(self, name: str, dest: Path, progress: Progress | None = None) -> str | None:
+        """Write the file's bytes to ``dest``; return the SHA1 of the source as read, where computed."""
+
+
+@dataclass
+class FetchResult:
+    dest: Path
+    bytes_transferred: int
+    skipped: bool
+    sha1: str
+
+
+class _Retryable(DataError):
+    """Wrong size or SHA1: the next attempt may get good bytes."""
+
+
+class _Transient(_Retryable):
+    """A B2 or network error that b2sdk's own retries did not cure: tried again after a pause."""
+
+
+def check_name(name: str) -> str:
+    if not name or name.startswith("/") or "\\" in name or "\0" in name or {"", ".", ".."} & set(name.split("/")):
+        raise DataError(f"refusing remote file name {name!r}: it must be a relative '/'-separated path "
+                        "without '..', '.', empty parts or backslashes")  # fmt: skip
+    return name
+
+
+def _sha1_file(path: Path) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class LocalStore:
+    def __init__(self, root: Path | str):
+        self.root = Path(root).expanduser().absolute()
+        self.url = str(self.root)
+
+    def path(self, name: str) -> Path:
+        return self.root / check_name(name)
+
+    def stat(self, name: str) -> RemoteFile | None:
+        path = self.path(name)
+        if not path.is_file():
+            return None
+        st = path.stat()
+        return RemoteFile(name, st.st_size, None, str(st.st_mtime_ns))
+
+    def download(self, name: str, dest: Path, progress: Progress | None = None) -> str:
+        h = hashlib.sha1()
+        try:
+            with open(self.path(name), "rb") as src, open(dest, "wb") as out:
+                while chunk := src.read(CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                    if progress:
+                        progress(len(chunk))
+        except OSError as e:
+            raise DataError(f"{self.url}/{name}: cannot copy to {dest.parent}: {e.strerror or e}") from None
+        return h.hexdigest()
+
+
+class B2Store:
+    def __init__(self, bucket: str, prefix: str = "", api=None):
+        self.bucket_name, self.prefix = bucket, prefix.strip("/")
+        self.url = f"b2://{bucket}/{self.prefix}" if self.prefix else f"b2://{bucket}"
+        self._api, self._bucket, self._secrets = api, None, ()
+        self._lock = threading.Lock()
+
+    def _get_bucket(self):
+        from b2sdk.v2 import B2Api, InMemoryAccountInfo
+        from b2sdk.v2.exception import B2Error
+
+        with self._lock:  # authorize once, although a batch's threads all start at the same moment
+            if self._bucket is not None:
+                return self._bucket
+            key_id, key = os.environ.get("B2_APPLICATION_KEY_ID"), os.environ.get("B2_APPLICATION_KEY")
+            missing = [var for var, v in (("B2_APPLICATION_KEY_ID", key_id), ("B2_APPLICATION_KEY", key)) if not v]
+            if missing:
+                raise PreflightError(f"{self.url}: B2 credentials missing: set {' and '.join(missing)} "
+                                     "(an application key that can read the bucket)")  # fmt: skip
+            self._secrets = (key, key_id)
+            api = self._api or B2Api(InMemoryAccountInfo())  # in memory: the key must never reach a file
+            try:
+                api.authorize_account(os.environ.get("B2_REALM", "production"), key_id, key)
+                self._bucket = api.get_bucket_by_name(self.bucket_name)
+            except B2Error as e:
+                raise self._error(e, self.url) from None
+            return self._bucket
+
+    def _error(self, e: Exception, where: str) -> TrainError:
+        from b2sdk.v2 import exception as x
+
+        reason = " ".join(str(e).split()) or type(e).__name__
+        if isinstance(e, x.ChecksumMismatch):  # its str() leaves out both digests
+            reason = f"SHA1 mismatch: expected {e.expected}, got {e.actual}"
+        for secret in self._secrets:
+            reason = reason.replace(secret, "***")
+        if isinstance(e, x.Unauthorized | x.AccessDenied | x.RestrictedBucket | x.NotAllowedByAppKeyError):
+            return PreflightError(f"{where}: B2 rejected the key in B2_APPLICATION_KEY_ID ({reason}); check "
+                                  "B2_APPLICATION_KEY_ID / B2_APPLICATION_KEY and the key's access")  # fmt: skip
+        if isinstance(e, x.NonExistentBucket):
+            return DataError(f"b2://{self.bucket_name}: no such bucket (or not visible to this key)")
+        if isinstance(e, x.ChecksumMismatch | x.TruncatedOutput):
+            return _Retryable(f"{where}: {reason}")
+        if isinstance(e, x.TransientErrorMixin):
+            return _Transient(f"{where}: {reason}")
+        return DataError(f"{where}: B2 error: {reason}")
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{check_name(name)}" if self.prefix else check_name(name)
+
+    def stat(self, name: str) -> RemoteFile | None:
+        from b2sdk.v2.exception import B2Error, FileNotPresent
+
+        bucket = self._get_bucket()
+        try:
+            info = bucket.get_file_info_by_name(self._key(name))
+        except FileNotPresent:
+            return None
+        except B2Error as e:
+            raise self._error(e, f"{self.url}/{name}") from None
+        sha1 = info.content_sha1
+        if not sha1 or sha1 == "none":
+            sha1 = info.file_info.get("large_file_sha1")
+        sha1 = sha1.lower() if sha1 and _SHA1.fullmatch(sha1.lower()) else None
+        return RemoteFile(name, info.size, sha1, info.id_)
+
+    def download(self, name: str, dest: Path, progress: Progress | None = None) -> None:
+        from b2sdk.v2 import AbstractProgressListener
+        from b2sdk.v2.exception import B2Error
+
+        class Listener(AbstractProgressListener):
+            done = 0
+
+            def set_total_bytes(self, total_byte_count: int) -> None:
+                pass
+
+            def bytes_completed(self, byte_count: int) -> None:
+                delta, self.done = byte_count - self.done, byte_count  # totals, which go back when b2sdk retries
+                if progress and delta:
+                    progress(delta)
+
+        bucket = self._get_bucket()
+        try:
+            downloaded = bucket.download_file_by_name(self._key(name), progress_listener=Listener())
+            # One stream, in this thread. b2sdk's parallel downloader deadlocks when interrupted (its writer
+            # thread stops, its producers block on the full queue and the process never exits), and an error
+            # raised from its writer thread (our cancel) does the same.
+            with open(dest, "wb") as f:
+                downloaded.save(f, allow_seeking=False)
+        except B2Error as e:
+            raise self._error(e, f"{self.url}/{name}") from None
+
+
+def open_store(source: str, b2_api=None) -> Store:
+    if source.startswith("b2://"):
+        bucket, _, prefix = source.removeprefix("b2://").partition("/")
+        if not bucket:
+            raise ConfigError(f"{source}: no bucket name (expected b2://bucket/prefix)")
+        if prefix.strip("/"):
+            check_name(prefix.strip("/"))
+        return B2Store(bucket, prefix, b2_api)
+    if source.startswith("file://"):
+        source = source.removeprefix("file://")
+        if not source.startswith("/"):
+            raise ConfigError(f"file://{source}: file URLs need an absolute path (file:///abs/folder)")
+    elif "://" in source:
+        raise ConfigError(f"{source}: unsupported source (use b2://bucket/prefix, file:///folder or a path)")
+    store = LocalStore(source)
+    if not store.root.is_dir():
+        raise DataError(f"source folder '{store.root}' not found (or not a folder)")
+    return store
+
+
+def _source(store: Store, name: str) -> str:
+    return f"{store.url.rstrip('/')}/{name}"
+
+
+def read_manifest(folder: Path) -> dict:
+    try:
+        data = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.warning("%s: unreadable (%s); its files will be fetched again", folder / MANIFEST, e)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _record(dest: Path, entry: dict | None) -> None:
+    with _manifest_lock:
+        manifest = read_manifest(dest.parent)
+        if manifest.get(dest.name) == entry:
+            return
+        if entry is None:
+            del manifest[dest.name]
+        else:
+            manifest[dest.name] = entry
+        write_json_atomic(dest.parent / MANIFEST, manifest)
+
+
+def _current(store: Store, remote: RemoteFile, dest: Path) -> str | None:
+    """The recorded SHA1 if ``dest`` already holds ``remote``, judged from sizes and the manifest alone."""
+    entry = read_manifest(dest.parent).get(dest.name)
+    if not isinstance(entry, dict) or not dest.is_file() or not dest.stat().st_size == entry.get("size") == remote.size:
+        return None
+    if remote.sha1:
+        return entry.get("sha1") if entry.get("sha1") == remote.sha1 else None
+    same = (entry.get("source"), entry.get("version")) == (_source(store, remote.name), remote.version)
+    return entry.get("sha1") if same else None
+
+
+def _stat(store: Store, name: str) -> RemoteFile:
+    remote = store.stat(check_name(name))
+    if remote is None:
+        raise DataError(f"{_source(store, name)} not found")
+    return remote
+
+
+def fetch(store: Store, name: str, dest: Path, *, retries: int = 2, progress: Progress | None = None) -> FetchResult:
+    """Make ``dest`` hold the store's file ``name``, verified; a no-op when the manifest says it already does."""
+    return _fetch(store, _stat(store, name), Path(dest), retries, progress)
+
+
+def _fetch(store: Store, remote: RemoteFile, dest: Path, retries: int, progress: Progress | None) -> FetchResult:
+    source = _source(store, remote.name)
+    if isinstance(store, LocalStore) and dest.exists() and store.path(remote.name).samefile(dest):
+        return FetchResult(dest, 0, True, _sha1_file(dest))
+    if (recorded := _current(store, remote, dest)) is not None:
+        log.info("%s: up to date (%s)", dest, source)
+        return FetchResult(dest, 0, True, recorded)
+    transferred = 0
+    for attempt in range(retries + 1):
+        if attempt:
+            remote = _stat(store, remote.name)  # the file may have been replaced: expect its new size and SHA1
+        sent = 0
+
+        def count(n: int) -> None:
+            nonlocal sent
+            sent += n
+            if progress:
+                progress(n)
+
+        try:
+            with atomic_path(dest) as tmp:
+                source_sha1 = store.download(remote.name, tmp, progress=count)
+                size, expected = tmp.stat().st_size, remote.sha1 or source_sha1
+                if size != remote.size:
+                    raise _Retryable(f"{source}: got {size} bytes, expected {remote.size}")
+                if (sha1 := _sha1_file(tmp)) != expected and expected is not None:
+                    raise _Retryable(f"{source}: SHA1 mismatch: expected {expected}, got {sha1}")
+                _record(dest, None)  # a crash between the rename and the record must not leave the old entry
+        except _Retryable as e:
+            transferred += sent
+            if progress and sent:
+                progress(-sent)
+            if attempt == retries:
+                raise DataError(f"{e} (after {retries + 1} attempts; {dest} left as it was)") from None
+            log.warning("%s; trying again (%d/%d)", e, attempt + 1, retries)
+            time.sleep(RETRY_DELAY_S * 2**attempt if isinstance(e, _Transient) else 0)
+            continue
+        if expected is None:
+            log.warning("%s: the store has no SHA1 for this file; recorded %s unverified", source, sha1)
+        _record(dest, {"size": size, "sha1": sha1, "source": source, "version": remote.version})
+        log.info("%s -> %s (%s, sha1 %s)", source, dest, _human(size), sha1)
+        return FetchResult(dest, transferred + sent, False, sha1)
+    raise AssertionError("unreachable")
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def fetch_all(
+    jobs: list[tuple[Store, str, Path]], *, workers: int = 4, lock_dir: Path, show_progress: bool = True
+) -> list[FetchResult]:
+    """Fetch every (store, name, dest) in parallel under a node-local lock; results in job order."""
+    jobs = [(store, check_name(name), Path(dest)) for store, name, dest in jobs]
+    Path(lock_dir).mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(Path(lock_dir) / ".download.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("waiting for another download on this node to finish (%s)", lock.lock_file)
+        lock.acquire()
+    try:
+        for _, _, dest in jobs:  # under the lock, temporary files are leftovers of a killed run
+            for stale in dest.parent.glob(f".{dest.name}.*.tmp"):
+                stale.unlink(missing_ok=True)
+        cancel, bar_lock = threading.Event(), threading.Lock()
+        with cf.ThreadPoolExecutor(max(1, min(workers, len(jobs)))) as pool:
+            remotes = list(pool.map(lambda job: _stat(job[0], job[1]), jobs))
+            pairs = list(zip(jobs, remotes, strict=True))
+            todo = sum(r.size for (s, _, d), r in pairs if _current(s, r, d) is None)
+            bar = tqdm(total=todo, unit="B", unit_scale=True, desc="download",
+                       disable=not (show_progress and sys.stderr.isatty()))  # fmt: skip
+
+            def tick(n: int) -> None:
+                if cancel.is_set():
+                    raise _Cancelled
+                with bar_lock:
+                    bar.update(n)
+
+            futures = [pool.submit(_fetch, s, r, d, 2, tick) for (s, _, d), r in pairs]
+            try:
+                cf.wait(futures, return_when=cf.FIRST_EXCEPTION)
+                for f in futures:
+                    f.cancel()  # only those not started: running ones finish, and what they write is good
+                cf.wait(futures)
+            except BaseException:
+                cancel.set()  # Ctrl-C: running downloads stop at their next chunk and remove their temp files
+                raise
+            finally:
+                bar.close()
+    finally:
+        lock.release()
+    errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+    for e in errors[1:]:
+        log.error("%s", e)
+    if errors:
+        raise errors[0]
+    return [f.result() for f in futures]
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def describe(jobs: list[tuple[Store, str, Path]]) -> list[str]:
+    """Dry run: a line per job (source -> dest, size) and a total; stats the sources, transfers nothing."""
+    lines, total, count, fresh = [], 0, 0, 0
+    for store, name, dest in jobs:
+        remote = store.stat(check_name(name))
+        state = "NOT FOUND" if remote is None else _human(remote.size)
+        if remote is not None and _current(store, remote, Path(dest)) is not None:
+            fresh, state = fresh + 1, f"{state}, up to date"
+        elif remote is not None:
+            count, total = count + 1, total + remote.size
+        lines.append(f"{_source(store, name)} -> {dest} ({state})")
+    lines.append(f"total: {count} file(s), {_human(total)} to download" + (f", {fresh} up to date" if fresh else ""))
+    return lines
