@@ -32,6 +32,11 @@ CACHE_FORMAT = 1
 MANIFEST = "manifest.json"
 
 
+def array_name(split: str, part: str = "") -> str:
+    """File of one cached array: ``part`` is '' (trajectories), 'x' or 'y' (steady inputs/targets)."""
+    return f"{split}_{part}.npy" if part else f"{split}.npy"
+
+
 @dataclass(frozen=True)
 class CacheInfo:
     """What a finished cache holds; read from its manifest."""
@@ -52,8 +57,7 @@ class CacheInfo:
 
     def array(self, split: str, part: str = "") -> np.ndarray:
         """Memory-map one array: ``part`` is '' (trajectories), 'x' or 'y' (steady inputs/targets)."""
-        name = f"{split}_{part}.npy" if part else f"{split}.npy"
-        return np.load(self.path / name, mmap_mode="r")
+        return np.load(self.path / array_name(split, part), mmap_mode="r")
 
     @classmethod
     def load(cls, path: Path) -> CacheInfo | None:
@@ -205,10 +209,9 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles) -> None:
                 blocks = {"": inputs} if layout.autoregressive else {"x": inputs, "y": targets}
                 for part, block in blocks.items():
                     if (split, part) not in arrays:
-                        name = f"{split}_{part}.npy" if part else f"{split}.npy"
                         shape = (len(samples), *block.shape[1:])
                         arrays[split, part] = np.lib.format.open_memmap(
-                            folder / name, mode="w+", dtype=np.float32, shape=shape
+                            folder / array_name(split, part), mode="w+", dtype=np.float32, shape=shape
                         )
                     arrays[split, part][offset : offset + len(block)] = block
                     if split == "train":
@@ -225,8 +228,8 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles) -> None:
         for split in SPLITS:
             for part in parts:
                 if (split, part) not in arrays:  # an empty split (val_fraction 0)
-                    name = f"{split}_{part}.npy" if part else f"{split}.npy"
-                    np.save(folder / name, np.zeros((0, *arrays["train", part].shape[1:]), np.float32))
+                    shape = (0, *arrays["train", part].shape[1:])
+                    np.save(folder / array_name(split, part), np.zeros(shape, np.float32))
         in_part, out_part = ("", "") if layout.autoregressive else ("x", "y")
         manifest = {
             "format": CACHE_FORMAT,
