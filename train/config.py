@@ -72,6 +72,10 @@ class TaskConfig(Section):
     """Grid points per token along each spatial axis; must divide the strided grid."""
     loss_weight: float = Field(1.0, gt=0)
     """Weight of this task's loss in the summed multi-task loss."""
+    latent_encoder: str | None = None
+    """Checkpoint (.pt) of an earlier run whose encoder for this task is frozen: its tokens for every training
+    item are precomputed into a latent cache beside the data cache, and training reads them instead of
+    running the encoder. The run's data settings, patch_size, initial_step and model.d_model must match it."""
 
 
 class ModelConfig(Section):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from train.atomic import write_json_atomic, write_text_atomic
 from train.config import Config, load_config, to_yaml, training_differences
-from train.data.cache import CacheInfo, build_cache
+from train.data.cache import build_cache, node_lock
+from train.data.latent import build_latent_cache
 from train.data.sources import SplitFiles, stage_data
 from train.dist.launch import launch, resolve_nproc
 from train.engine.checkpoint import latest_checkpoint, load_checkpoint
@@ -31,9 +32,11 @@ def run_dir_of(cfg: Config) -> Path:
     return Path(cfg.run.runs_dir) / cfg.run.name
 
 
-def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, CacheInfo]:
-    infos = {name: build_cache(name, cfg.tasks[name], sources[name], Path(cfg.run.cache_dir)) for name in cfg.tasks}
-    problems = []
+def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, dict[str, str | None]]:
+    """Build (or find) every task's cache and latent cache; returns their folders by task."""
+    root = Path(cfg.run.cache_dir)
+    infos = {name: build_cache(name, cfg.tasks[name], sources[name], root) for name in cfg.tasks}
+    problems, specs = [], {}
     for name, info in infos.items():
         task = cfg.tasks[name]
         if info.autoregressive and task.initial_step >= info.n_frames:
@@ -41,21 +44,23 @@ def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, CacheI
                 f"tasks.{name}.initial_step={task.initial_step} leaves nothing to predict: the data has "
                 f"{info.n_frames} frames after temporal_stride={task.temporal_stride}"
             )
-        problems += check_specs(
-            {
-                name: TaskSpec(
-                    info.grid,
-                    info.in_channels,
-                    info.out_channels,
-                    task.patch_size,
-                    task.initial_step,
-                    info.autoregressive,
-                )
-            }
+        specs[name] = TaskSpec(
+            info.grid, info.in_channels, info.out_channels, task.patch_size, task.initial_step, info.autoregressive
         )
+        problems += check_specs({name: specs[name]})
     if problems:
         raise ConfigError("the data does not fit the config:\n  - " + "\n  - ".join(problems))
-    return infos
+    folders: dict[str, dict[str, str | None]] = {}
+    for name, info in infos.items():
+        encoder = cfg.tasks[name].latent_encoder
+        latent = None
+        if encoder is not None:
+            with node_lock(root):
+                latent = build_latent_cache(
+                    name, info, specs[name], cfg.model.d_model, Path(encoder), f"tasks.{name}.latent_encoder"
+                )
+        folders[name] = {"cache": str(info.path), "latent": str(latent.path) if latent else None}
+    return folders
 
 
 def prepare_run_dir(cfg: Config) -> Path:
@@ -91,11 +96,11 @@ def run_stages(
     sources = stage_data(cfg, dry_run=dry_run, b2_api=b2_api)
     if command == "data" or dry_run:
         return None
-    infos = stage_cache(cfg, sources)
+    folders = stage_cache(cfg, sources)
     if command == "cache":
         return None
     run_dir = prepare_run_dir(cfg)
-    write_json_atomic(run_dir / INPUTS, {name: str(info.path) for name, info in infos.items()})
+    write_json_atomic(run_dir / INPUTS, folders)
     stages = []
     if command in ("run", "fit"):
         if fit_is_done(cfg, run_dir):

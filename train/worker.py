@@ -15,6 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 
 from train.config import load_config
 from train.data.cache import CacheInfo
+from train.data.latent import LatentInfo
 from train.dist.env import DistEnv, destroy_distributed, init_distributed
 from train.engine.checkpoint import latest_checkpoint, load_checkpoint
 from train.engine.evaluate import TaskData, evaluate_split
@@ -34,9 +35,11 @@ def load_tasks(run_dir: Path, cfg) -> list[TaskData]:
     inputs = json.loads((run_dir / INPUTS).read_text())
     tasks = []
     for name, task in cfg.tasks.items():
-        info = CacheInfo.load(Path(inputs[name]))
-        if info is None:
-            raise DataError(f"task {name}: cache {inputs[name]} is missing or incomplete; run 'python -m train cache'")
+        folders = inputs[name]
+        info = CacheInfo.load(Path(folders["cache"]))
+        latent = LatentInfo.load(Path(folders["latent"])) if folders["latent"] else None
+        if info is None or (folders["latent"] and latent is None):
+            raise DataError(f"task {name}: a cache in {folders} is missing or incomplete; run 'python -m train cache'")
         spec = TaskSpec(
             grid=info.grid,
             in_channels=info.in_channels,
@@ -45,7 +48,7 @@ def load_tasks(run_dir: Path, cfg) -> list[TaskData]:
             initial_step=task.initial_step,
             autoregressive=info.autoregressive,
         )
-        tasks.append(TaskData(name, info, spec))
+        tasks.append(TaskData(name, info, spec, latent))
     return tasks
 
 

@@ -7,6 +7,7 @@ import math
 import shutil
 
 import pytest
+import torch
 import yaml
 
 from tests.helpers import folders, run_cli
@@ -106,3 +107,21 @@ def test_single_process_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "runs" / "tiny" / "report" / "summary.json").is_file()
     assert not (tmp_path / "runs" / "tiny" / "logs" / "rank1.log").exists()
+
+
+def test_latent_cache_run_trains_around_a_frozen_encoder(trained):
+    tmp, _ = trained
+    encoder = tmp / "runs" / "tiny" / "checkpoints" / "epoch_0002.pt"
+    latent_args = [f"--set=tasks.{name}.latent_encoder={encoder}" for name in ("advection1d", "darcy2d")]
+    proc = run_cli("run", *TINY, *folders(tmp), "--run", "latent", *latent_args)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for name in ("advection1d", "darcy2d"):
+        assert len(list((tmp / "cache" / name).glob("latent-*"))) == 1
+    before = torch.load(encoder, weights_only=True)["model"]
+    after = torch.load(tmp / "runs" / "latent" / "checkpoints" / "epoch_0002.pt", weights_only=True)["model"]
+    for name in ("advection1d", "darcy2d"):
+        for part in ("encode.weight", "encode.bias", "position"):
+            assert torch.equal(after[f"codecs.{name}.{part}"], before[f"codecs.{name}.{part}"]), part
+        assert not torch.equal(after[f"codecs.{name}.decode.1.weight"], before[f"codecs.{name}.decode.1.weight"])
+    summary = json.loads((tmp / "runs" / "latent" / "report" / "summary.json").read_text())
+    assert all(math.isfinite(s["nrmse"]) for s in summary.values())

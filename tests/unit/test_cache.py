@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -11,6 +14,7 @@ import pytest
 
 from train.config import TaskConfig
 from train.data import cache as cachemod
+from train.data import checksum
 from train.data.cache import MANIFEST, CacheInfo, build_cache, cache_path
 from train.data.generate import generate
 from train.data.sources import SplitFiles
@@ -112,7 +116,7 @@ def test_manifest_fields(tmp_path):
     assert meta["grid"] == [4]
     assert meta["n_frames"] == 5
     assert meta["sizes"] == {"train": 16, "val": 2, "test": 2}
-    assert meta["source"]["train"]["size"] == src.stat().st_size
+    assert meta["source"] == {"train": {"path": str(src.resolve()), "xxh3_128": checksum.hash_file(src)}}
     assert meta["splits"] == {
         "test": {"file": str(src), "samples": [0, 2], "carved": True},
         "val": {"file": str(src), "samples": [2, 4], "carved": True},
@@ -253,13 +257,118 @@ def test_rewritten_source_gives_a_new_cache(tmp_path):
     old_mtime = src.stat().st_mtime_ns
     new_data = advection_data(seed=1)
     write_tensor(src, new_data)  # same size, different content
-    # file timestamps are coarse (a kernel tick): pin the new mtime apart from the old, as any later write would be
-    os.utime(src, ns=(old_mtime + 10**9, old_mtime + 10**9))
+    os.utime(src, ns=(old_mtime, old_mtime))  # and the old timestamps: only the content tells them apart
     new = build_cache("adv", task(), src, tmp_path / "cache")
     assert new.path != old.path
     raw = new_data[..., None]
     ref, _, _ = normalised(raw, raw[4:])
     np.testing.assert_allclose(new.array("train"), ref[4:], rtol=1e-5, atol=1e-5)
+
+
+def test_same_bytes_under_a_new_name_and_time_reuse_the_cache(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data())
+    first = build_cache("adv", task(), src, tmp_path / "cache")
+    moved = tmp_path / "elsewhere" / "copy.h5"
+    moved.parent.mkdir()
+    moved.write_bytes(src.read_bytes())  # a re-download: new inode, mtime and ctime, same bytes
+    src.unlink()
+    again = build_cache("adv", task(), moved, tmp_path / "cache")
+    assert again.path == first.path
+    assert [p.name for p in (tmp_path / "cache" / "adv").iterdir()] == [first.path.name]
+
+
+def test_unchanged_source_is_not_read_again(tmp_path, monkeypatch):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data())
+    reads = []
+    real = checksum.hash_file
+    monkeypatch.setattr(checksum, "hash_file", lambda path: reads.append(path) or real(path))
+    first = build_cache("adv", task(), src, tmp_path / "cache")
+    assert len(reads) == 1
+    again = build_cache("adv", task(), src, tmp_path / "cache")
+    assert again == first and len(reads) == 1  # the remembered checksum, not a second read
+    later = src.stat().st_mtime_ns + 10**9
+    os.utime(src, ns=(later, later))  # touched: hashed again (same bytes, so the same cache)
+    assert build_cache("adv", task(), src, tmp_path / "cache") == first
+    assert len(reads) == 2
+
+
+def test_checksum_memo_survives_a_corrupt_file(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data())
+    first = build_cache("adv", task(), src, tmp_path / "cache")
+    (tmp_path / "cache" / cachemod.CHECKSUMS).write_text("{not json")
+    assert build_cache("adv", task(), src, tmp_path / "cache") == first
+
+
+def test_checksum_is_of_the_content(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"x" * 10_000_000)
+    b.write_bytes(b"x" * 9_999_999 + b"y")
+    assert checksum.hash_file(a) != checksum.hash_file(b)
+    b.write_bytes(b"x" * 10_000_000)
+    assert checksum.hash_file(a) == checksum.hash_file(b)
+
+
+_BUILD_SCRIPT = """
+import logging, sys
+from pathlib import Path
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from train.config import TaskConfig
+from train.data.cache import build_cache
+info = build_cache("adv", TaskConfig(pde="advection1d"), Path(sys.argv[1]), Path(sys.argv[2]))
+print("PATH", info.path)
+"""
+
+
+def test_concurrent_builders_build_once(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data(shape=(400, 9, 256)))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BUILD_SCRIPT, str(src), str(tmp_path / "cache")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    paths = {line for out, _ in outputs for line in out.splitlines() if line.startswith("PATH")}
+    assert len(paths) == 1
+    logs = "".join(err for _, err in outputs)
+    assert logs.count(": built ") == 1, logs
+    assert logs.count("up to date") == 2, logs
+    assert [p.name for p in (tmp_path / "cache" / "adv").iterdir()] == [Path(paths.pop().split()[1]).name]
+
+
+def test_killed_build_leftovers_are_removed_by_the_next_build(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data())
+    leftover = tmp_path / "cache" / "adv" / ".0123456789abcdef.xyz.tmp"
+    leftover.mkdir(parents=True)
+    (leftover / "train.npy").write_bytes(b"partial")
+    build_cache("adv", task(), src, tmp_path / "cache")
+    assert leftovers(tmp_path / "cache") == []
+
+
+# ------------------------------------------------------------------------------------ window index
+def test_window_index_for_the_tasks_initial_step(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data(shape=(20, 9, 16)))
+    info = build_cache("adv", task(initial_step=3), src, tmp_path / "cache")
+    index = np.load(info.path / cachemod.window_index_name("train", 3))
+    assert index.dtype == np.int32 and index.shape == (16 * 6, 2)
+    assert index[:7].tolist() == [[0, 0], [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [1, 0]]
+    assert index[-1].tolist() == [15, 5]
+    for split, n in info.sizes.items():
+        assert len(np.load(info.path / cachemod.window_index_name(split, 3))) == n * 6
+    # another initial_step adds its own index to the same arrays
+    again = build_cache("adv", task(initial_step=5), src, tmp_path / "cache")
+    assert again.path == info.path
+    assert len(np.load(info.path / cachemod.window_index_name("train", 5))) == 16 * 4
+
+
+def test_no_window_index_when_nothing_is_left_to_predict(tmp_path):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data(shape=(20, 9, 16)))
+    info = build_cache("adv", task(initial_step=9), src, tmp_path / "cache")  # the pipeline reports this
+    assert not list(info.path.glob("*_windows_*"))
 
 
 def test_source_of_other_size_gives_a_new_cache(tmp_path):
@@ -336,7 +445,7 @@ def test_bad_source_leaves_nothing(tmp_path):
 
 
 def test_missing_source_creates_nothing(tmp_path):
-    # the pipeline checks the path first; here the fingerprint's stat() fails before any folder is made
+    # the pipeline checks the path first; here the source check fails before any folder is made
     with pytest.raises((DataError, OSError)):
         build_cache("adv", task(), tmp_path / "absent.hdf5", tmp_path / "cache")
     assert not (tmp_path / "cache").exists()

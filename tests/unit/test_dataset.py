@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import random
 from collections import Counter
 
 import h5py
@@ -20,6 +21,7 @@ from train.data.dataset import (
     keep_batch,
     steps_for_one_pass,
     training_dataset,
+    worker_seeding,
 )
 
 
@@ -176,6 +178,54 @@ def test_dataloader_workers_give_identical_batches(adv):
         direct = ds.__getitems__(idx)
         assert torch.equal(a["x"], direct["x"])
         assert a["x"].shape == (5, 3, 16, 1)
+
+
+@pytest.mark.parametrize("num_workers", [1, 4])
+def test_persistent_workers_follow_the_sampler_across_epochs(adv, num_workers):
+    ds = WindowDataset(adv, "train", 3)
+    sampler = EqualBatchSampler(len(ds), 5, 4, rank=0, world_size=2, seed=3, stream=0)
+    loader = DataLoader(
+        ds, batch_sampler=sampler, collate_fn=keep_batch, num_workers=num_workers, persistent_workers=True
+    )
+    for epoch in (0, 1, 2):
+        sampler.set_epoch(epoch)
+        expected = [ds.__getitems__(idx) for idx in sampler]
+        got = list(loader)
+        assert len(got) == 4
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a["x"], b["x"]) and torch.equal(a["y"], b["y"])
+
+
+class _Draws:
+    """Each batch is the random draws of the worker that made it."""
+
+    def __len__(self):
+        return 8
+
+    def __getitems__(self, indices):
+        info = torch.utils.data.get_worker_info()
+        return (info.id, np.random.random(), random.random(), float(torch.rand(())))
+
+
+def _draws(rank, seed=0):
+    torch.manual_seed(0)  # as on every rank after model init: torch's own worker seeds would be equal across ranks
+    loader = DataLoader(
+        _Draws(),
+        batch_sampler=[[i] for i in range(8)],
+        collate_fn=keep_batch,
+        num_workers=2,
+        worker_init_fn=worker_seeding(seed, rank),
+    )
+    return {worker: draws for worker, *draws in loader}  # the last batch of each worker
+
+
+def test_workers_are_seeded_from_seed_rank_and_worker():
+    rank0, rank1 = _draws(0), _draws(1)
+    assert sorted(rank0) == [0, 1]
+    values = [v for draws in (rank0, rank1) for d in draws.values() for v in d]
+    assert len(set(values)) == len(values)  # no two workers of any rank draw alike, from any generator
+    assert _draws(0) == rank0  # and a run repeats
+    assert _draws(0, seed=1) != rank0
 
 
 # ------------------------------------------------------------------------------------------- sampler

@@ -8,28 +8,35 @@ folder under a final name is always complete and a stale cache is simply never l
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock, Timeout
 
-from train.atomic import fsync_dir, write_json_atomic
+from train.atomic import atomic_path, fsync_dir, write_json_atomic
 from train.config import TaskConfig
+from train.data.checksum import ALGORITHM, ChecksumMemo
 from train.data.pdebench import LAYOUTS, SPLITS, open_reader, split_ranges
 from train.data.sources import SplitFiles
 from train.errors import DataError
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 MANIFEST = "manifest.json"
+CHECKSUMS = ".checksums.json"  # remembered source checksums, in the cache root
+LOCK = ".lock"
 
 
 def array_name(split: str, part: str = "") -> str:
@@ -72,21 +79,21 @@ class CacheInfo:
         return cls(path=path, **fields)
 
 
-def fingerprint(source: Path) -> dict:
-    """Identity of a source file: cheap to compute, changes whenever the file is rewritten."""
-    try:
-        st = source.stat()
-    except OSError as e:
-        raise DataError(f"data file '{source}' cannot be read: {e}") from None
-    return {"path": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
 def _as_files(source: Path | SplitFiles) -> SplitFiles:
     return source if isinstance(source, SplitFiles) else SplitFiles(train=Path(source))
 
 
-def cache_key(task: TaskConfig, source: Path | SplitFiles) -> str:
+def _source_paths(source: Path | SplitFiles) -> dict[str, Path]:
     files = _as_files(source)
+    paths = {split: Path(path) for split in SPLITS if (path := files.get(split)) is not None}
+    for split, path in paths.items():
+        if not path.is_file():
+            raise DataError(f"{split} data file '{path}' does not exist; run 'python -m train data' first")
+    return paths
+
+
+def cache_key(task: TaskConfig, checksums: dict[str, str]) -> str:
+    """Hash of everything that decides a cache's bytes: the format, the preprocessing, the sources' contents."""
     recipe = {
         "format": CACHE_FORMAT,
         "pde": task.pde,
@@ -94,13 +101,39 @@ def cache_key(task: TaskConfig, source: Path | SplitFiles) -> str:
         "temporal_stride": task.temporal_stride,
         "test_fraction": task.test_fraction,
         "val_fraction": task.val_fraction,
-        "source": {split: fingerprint(path) for split in SPLITS if (path := files.get(split)) is not None},
+        "source": checksums,
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _checksums(cache_root: Path, paths: dict[str, Path]) -> dict[str, str]:
+    memo = ChecksumMemo(cache_root / CHECKSUMS)
+    sums = {split: memo.checksum(path) for split, path in paths.items()}
+    memo.save()
+    return sums
+
+
 def cache_path(cache_root: Path, name: str, task: TaskConfig, source: Path | SplitFiles) -> Path:
-    return cache_root / name / cache_key(task, source)
+    """Where the cache of these sources and settings lives (built or not)."""
+    paths = _source_paths(source)
+    Path(cache_root).mkdir(parents=True, exist_ok=True)
+    with node_lock(Path(cache_root)):
+        return Path(cache_root) / name / cache_key(task, _checksums(Path(cache_root), paths))
+
+
+@contextlib.contextmanager
+def node_lock(cache_root: Path) -> Iterator[None]:
+    """One builder per cache folder: other processes on the node wait, then find the cache built."""
+    lock = FileLock(str(cache_root / LOCK))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("waiting for another process to finish building caches in %s", cache_root)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class _RunningStats:
@@ -116,12 +149,17 @@ class _RunningStats:
         self.m2: np.ndarray | float = 0.0
 
     def update(self, block: np.ndarray) -> None:
-        flat = block.reshape(-1, block.shape[-1]).astype(np.float64)
+        flat = block.reshape(-1, block.shape[-1])
         n = flat.shape[0]
         if n == 0:
             return
-        mean = flat.mean(0)
-        m2 = np.square(flat - mean).sum(0)
+        mean = flat.mean(0, dtype=np.float64)  # cast in buffers: no float64 copy of the block
+        # Squared deviations from a float32 copy of the mean, summed in float64; sum((x - s)^2) equals
+        # sum((x - mean)^2) + n (mean - s)^2 exactly, so the shift's rounding is taken back out.
+        shift = mean.astype(np.float32)
+        dev = flat - shift
+        np.square(dev, out=dev)
+        m2 = dev.sum(0, dtype=np.float64) - n * np.square(mean - shift)
         total = self.count + n
         delta = mean - self.mean
         self.mean = self.mean + delta * (n / total)
@@ -137,33 +175,75 @@ class _RunningStats:
 
 
 def build_cache(name: str, task: TaskConfig, source: Path | SplitFiles, cache_root: Path) -> CacheInfo:
-    """Return the valid cache for this task, building it first if needed (a no-op when it exists)."""
-    final = cache_path(cache_root, name, task, source)
-    info = CacheInfo.load(final)
-    if info is not None:
-        log.info("cache %s: up to date at %s", name, final)
-        return info
+    """Return the valid cache for this task, building it first if needed (a no-op when it exists).
+
+    Also writes the window index for ``task.initial_step`` (autoregressive tasks), so ranks only read.
+    """
+    paths = _source_paths(source)
+    cache_root = Path(cache_root)
+    cache_root.mkdir(parents=True, exist_ok=True)
+    with node_lock(cache_root):
+        checksums = _checksums(cache_root, paths)
+        final = cache_root / name / cache_key(task, checksums)
+        info = CacheInfo.load(final)
+        if info is not None:
+            log.info("cache %s: up to date at %s", name, final)
+        else:
+            info = _build(name, task, _as_files(source), checksums, final)
+        if info.autoregressive and info.n_frames > task.initial_step:
+            write_window_index(info, task.initial_step)
+    return info
+
+
+def _build(name: str, task: TaskConfig, files: SplitFiles, checksums: dict[str, str], final: Path) -> CacheInfo:
     if final.exists():
         log.warning("cache %s: %s is incomplete or of an old format; rebuilding", name, final)
         shutil.rmtree(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    # Under the node lock, a temporary folder can only be the leftover of a killed build.
+    for stale in final.parent.glob(".*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    start = time.perf_counter()
     try:
-        _write(tmp, task, _as_files(source))
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if CacheInfo.load(final) is None:  # not another process's complete build
-                raise
-            shutil.rmtree(tmp)
+        _write(tmp, task, files, checksums)
+        os.rename(tmp, final)
         fsync_dir(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     info = CacheInfo.load(final)
     assert info is not None
-    log.info("cache %s: built %s (%s)", name, final, ", ".join(f"{k}={v}" for k, v in info.sizes.items()))
+    log.info(
+        "cache %s: built %s in %.1f s (%s)",
+        name,
+        final,
+        time.perf_counter() - start,
+        ", ".join(f"{k}={v}" for k, v in info.sizes.items()),
+    )
     return info
+
+
+def window_index_name(split: str, initial_step: int) -> str:
+    return f"{split}_windows_k{initial_step}.npy"
+
+
+def write_window_index(info: CacheInfo, initial_step: int) -> None:
+    """The (trajectory, start frame) pair of every training window of ``initial_step`` frames + 1 target.
+
+    Kept beside the arrays (one small int32 file per split and initial_step, so changing initial_step never
+    rebuilds the arrays); datasets look windows up in it instead of deriving them, so a split can exclude
+    windows (e.g. frames a solver marked invalid) without any change to the readers.
+    """
+    assert info.autoregressive and info.n_frames > initial_step, "checked by the caller"
+    per_sample = info.n_frames - initial_step
+    for split in SPLITS:
+        path = info.path / window_index_name(split, initial_step)
+        if path.is_file():
+            continue
+        sample, start = np.divmod(np.arange(info.sizes[split] * per_sample, dtype=np.int64), per_sample)
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.save(f, np.stack([sample, start], axis=1).astype(np.int32))
 
 
 def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bool]]:
@@ -193,7 +273,18 @@ def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bo
     return plan
 
 
-def _write(folder: Path, task: TaskConfig, files: SplitFiles) -> None:
+def _normalise(array: np.ndarray, mean: np.ndarray, std: np.ndarray) -> None:
+    """(x - mean) / std in place, per channel, in pieces small enough for the CPU cache (two passes each)."""
+    mean32, std32 = mean.astype(np.float32), std.astype(np.float32)
+    flat = array.reshape(-1, array.shape[-1]) if array.size else array
+    step = max(1, (2 << 20) // max(1, flat.strides[0]))
+    for start in range(0, len(flat), step):
+        piece = flat[start : start + step]
+        np.subtract(piece, mean32, out=piece)
+        np.divide(piece, std32, out=piece)
+
+
+def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[str, str]) -> None:
     layout = LAYOUTS[task.pde]
     plan = _plan(task, files)
     train = plan["train"][0]
@@ -201,7 +292,9 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles) -> None:
         parts = [""] if layout.autoregressive else ["x", "y"]
         stats = {part: _RunningStats() for part in parts}
         arrays: dict[tuple[str, str], np.ndarray] = {}
-        # Training split first: its statistics normalise every split, so val/test never leak into them.
+        moments: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # Training split first: its statistics normalise every split, so val/test never leak into them. Its
+        # blocks are written raw, then normalised in place; val/test blocks are normalised before writing.
         for split in ("train", "val", "test"):
             reader, samples, _ = plan[split]
             offset = 0
@@ -213,18 +306,16 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles) -> None:
                         arrays[split, part] = np.lib.format.open_memmap(
                             folder / array_name(split, part), mode="w+", dtype=np.float32, shape=shape
                         )
-                    arrays[split, part][offset : offset + len(block)] = block
                     if split == "train":
                         stats[part].update(block)
+                    else:
+                        _normalise(block, *moments[part])
+                    arrays[split, part][offset : offset + len(block)] = block
                 offset += len(inputs)
-        moments = {part: stats[part].result() for part in parts}
-        step = train.block_size()
-        for (_split, part), array in arrays.items():
-            mean, std = moments[part]
-            for start in range(0, len(array), step):
-                chunk = array[start : start + step]
-                chunk[...] = (chunk - mean.astype(np.float32)) / std.astype(np.float32)
-            array.flush()
+            if split == "train":
+                moments = {part: stats[part].result() for part in parts}
+                for part in parts:
+                    _normalise(arrays["train", part], *moments[part])
         for split in SPLITS:
             for part in parts:
                 if (split, part) not in arrays:  # an empty split (val_fraction 0)
@@ -252,7 +343,11 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles) -> None:
                 }
                 for split, (reader, samples, carved) in plan.items()
             },
-            "source": {split: fingerprint(reader.path) for split, (reader, _, _) in plan.items()},
+            "source": {
+                split: {"path": str(Path(path).resolve()), ALGORITHM: checksums[split]}
+                for split in SPLITS
+                if (path := files.get(split)) is not None
+            },
             "coordinates": train.coordinates(),
         }
     finally:

@@ -7,13 +7,15 @@ and each process maps the arrays itself after any fork. Batches are fetched with
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+import random
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from train.data.cache import CacheInfo
+from train.data.cache import CacheInfo, window_index_name, write_window_index
 
 
 class _Mapped:
@@ -36,23 +38,24 @@ class _Mapped:
 class WindowDataset(_Mapped):
     """Autoregressive training pairs: ``initial_step`` frames in, the next frame out.
 
-    Item ``i`` is window ``i % windows_per_sample`` of trajectory ``i // windows_per_sample``.
+    Item ``i`` is the window at row ``i`` of the cache's window index: (trajectory, start frame).
     """
 
     def __init__(self, info: CacheInfo, split: str, initial_step: int):
-        super().__init__(info.path / f"{split}.npy")
+        assert info.n_frames > initial_step, "checked when the run is set up"
+        index = info.path / window_index_name(split, initial_step)
+        if not index.is_file():  # normally written by the cache stage; building it here costs milliseconds
+            write_window_index(info, initial_step)
+        super().__init__(info.path / f"{split}.npy", index)
         self.initial_step = initial_step
-        self.n_samples = info.sizes[split]
-        self.windows_per_sample = info.n_frames - initial_step
-        assert self.windows_per_sample >= 1, "checked when the run is set up"
+        self.n_windows = len(np.load(index, mmap_mode="r"))  # the index decides; the map is not kept
 
     def __len__(self) -> int:
-        return self.n_samples * self.windows_per_sample
+        return self.n_windows
 
     def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        (traj,) = self.arrays
-        idx = np.asarray(indices)
-        sample, start = np.divmod(idx, self.windows_per_sample)
+        traj, index = self.arrays
+        sample, start = index[np.asarray(indices)].T
         frames = start[:, None] + np.arange(self.initial_step + 1)
         windows = traj[sample[:, None], frames]  # (b, k+1, *space, c): one gather
         windows = torch.from_numpy(np.ascontiguousarray(windows))
@@ -83,6 +86,40 @@ class PairDataset(_Mapped):
 
 def training_dataset(info: CacheInfo, split: str, initial_step: int) -> WindowDataset | PairDataset:
     return WindowDataset(info, split, initial_step) if info.autoregressive else PairDataset(info, split)
+
+
+class LatentDataset:
+    """A training dataset plus the frozen encoder's tokens of each item ("z"), read from a latent cache."""
+
+    def __init__(self, base: WindowDataset | PairDataset, latents: Path):
+        self.base = base
+        self.latents = _Mapped(latents)
+        n = len(np.load(latents, mmap_mode="r"))
+        assert n == len(base), f"latent cache {latents} holds {n} items, the dataset {len(base)}"
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        (z,) = self.latents.arrays
+        return {**self.base.__getitems__(indices), "z": torch.from_numpy(z[np.asarray(indices)])}
+
+
+def seed_worker(seed: int, rank: int, worker_id: int) -> None:
+    """Seed a DataLoader worker's generators from (seed, rank, worker).
+
+    Without it, numpy's global generator is copied into every forked worker in the same state, so random
+    augmentations repeat across workers and ranks; with it they differ, and repeat from run to run.
+    """
+    state = np.random.SeedSequence([seed, rank, worker_id]).generate_state(2)
+    np.random.seed(int(state[0]))
+    random.seed(int(state[1]))
+    torch.manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+def worker_seeding(seed: int, rank: int) -> Callable[[int], None]:
+    """``worker_init_fn`` for this rank's DataLoaders (a partial, so it pickles under any start method)."""
+    return functools.partial(seed_worker, seed, rank)
 
 
 def keep_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

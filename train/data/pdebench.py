@@ -201,7 +201,8 @@ class SingleFileReader(_LazyHdf5):
                 block = block[:, 0]  # Darcy's singleton time axis
             block = self._stride(block, has_time and self.layout.autoregressive)
             fields.append(np.asarray(block, dtype=np.float32))
-        out = np.stack(fields, axis=-1)
+        # One field: a channel axis on a contiguous array, no copy; normalisation works on it in place.
+        out = np.ascontiguousarray(fields[0])[..., None] if len(fields) == 1 else np.stack(fields, axis=-1)
         if not np.isfinite(out).all():
             bad = start + int(np.argwhere(~np.isfinite(out))[0][0])
             raise DataError(f"{self.path}: non-finite values (NaN/Inf) in {list(keys)} at sample {bad}")

@@ -16,6 +16,7 @@ from torch import nn
 
 from train.data.cache import CacheInfo
 from train.data.dataset import training_dataset
+from train.data.latent import LatentInfo
 from train.dist.env import DistEnv, all_reduce_sum
 from train.engine.metrics import error_sums, finish
 from train.model.multitask import TaskSpec
@@ -28,6 +29,8 @@ class TaskData:
     name: str
     info: CacheInfo
     spec: TaskSpec
+    latent: LatentInfo | None = None
+    """The frozen encoder's precomputed tokens of the training split, when the task names a latent_encoder."""
 
     def denormalise_target(self, x: torch.Tensor) -> torch.Tensor:
         mean = torch.tensor(self.info.target_mean, dtype=x.dtype, device=x.device)

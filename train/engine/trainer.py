@@ -14,7 +14,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from train.config import Config
-from train.data.dataset import EqualBatchSampler, keep_batch, steps_for_one_pass, training_dataset
+from train.data.dataset import (
+    EqualBatchSampler,
+    LatentDataset,
+    keep_batch,
+    steps_for_one_pass,
+    training_dataset,
+    worker_seeding,
+)
 from train.dist.env import DistEnv, all_reduce_sum
 from train.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from train.engine.evaluate import TaskData, validation_loss
@@ -69,12 +76,17 @@ class Trainer:
     def __init__(self, cfg: Config, env: DistEnv, tasks: list[TaskData], run_dir: Path):
         self.cfg, self.env, self.tasks, self.run_dir = cfg, env, tasks, run_dir
         self.model = build_model(cfg, tasks, env.device)
+        for task in tasks:
+            if task.latent is not None:  # before DDP, which then leaves the frozen encoder out of its buckets
+                self.model.freeze_encoder(task.name, task.latent.encoder_state())
         self.ddp = DistributedDataParallel(
             self.model, device_ids=[env.local_rank] if env.device.type == "cuda" else None
         )
         self.forward = compile_model(self.ddp, cfg, env)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=cfg.train.lr,
+            weight_decay=cfg.train.weight_decay,
         )
         self.steps = steps_per_epoch(cfg, tasks, env.world_size)
         total = self.steps * cfg.train.epochs
@@ -84,6 +96,8 @@ class Trainer:
         self.samplers, self.loaders = {}, {}
         for stream, task in enumerate(tasks):
             dataset = training_dataset(task.info, "train", task.spec.initial_step)
+            if task.latent is not None:
+                dataset = LatentDataset(dataset, task.latent.file)
             sampler = EqualBatchSampler(
                 len(dataset),
                 cfg.tasks[task.name].batch_size,
@@ -99,6 +113,7 @@ class Trainer:
                 batch_sampler=sampler,
                 collate_fn=keep_batch,
                 num_workers=cfg.train.num_workers,
+                worker_init_fn=worker_seeding(cfg.run.seed, env.rank),
                 persistent_workers=cfg.train.num_workers > 0,
                 pin_memory=env.device.type == "cuda",
             )
@@ -167,7 +182,12 @@ class Trainer:
                 targets = {
                     t.name: b["y"].to(env.device, non_blocking=True) for t, b in zip(self.tasks, batches, strict=True)
                 }
-                preds = self.forward(inputs)
+                latents = {
+                    t.name: b["z"].to(env.device, non_blocking=True)
+                    for t, b in zip(self.tasks, batches, strict=True)
+                    if "z" in b
+                }
+                preds = self.forward(inputs, latents or None)
                 losses = torch.stack([nn.functional.mse_loss(preds[t.name], targets[t.name]) for t in self.tasks])
                 loss = sum(self.weights[t.name] * losses[j] for j, t in enumerate(self.tasks))
                 self.optimizer.zero_grad(set_to_none=True)

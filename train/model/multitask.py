@@ -106,13 +106,28 @@ class MultiTaskSurrogate(nn.Module):
         self.processor = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(cfg.d_model)
 
-    def forward(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Normalised inputs by task -> normalised predictions by task (the next frame, or the solution)."""
+    def forward(
+        self, inputs: dict[str, torch.Tensor], latents: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Normalised inputs by task -> normalised predictions by task (the next frame, or the solution).
+
+        ``latents`` holds precomputed encoder tokens of some tasks (a latent cache): their encoders are frozen
+        and skipped.
+        """
         out = {}
         for name, x in inputs.items():
             codec = self.codecs[name]
-            out[name] = codec.fields(self.norm(self.processor(codec.tokens(x))), x)
+            tokens = latents[name] if latents is not None and name in latents else codec.tokens(x)
+            out[name] = codec.fields(self.norm(self.processor(tokens)), x)
         return out
+
+    def freeze_encoder(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        """Load task ``name``'s encoder from ``state`` and exclude it from training (and from DDP's buckets)."""
+        codec = self.codecs[name]
+        missing = codec.load_state_dict(state, strict=False).missing_keys
+        assert not set(state) & set(missing), "encoder keys are the codec's own"
+        codec.encode.requires_grad_(False)
+        codec.position.requires_grad_(False)
 
 
 def check_specs(specs: dict[str, TaskSpec]) -> list[str]:
