@@ -13,6 +13,7 @@ RUN ?=
 SET ?=
 DRY_RUN ?=
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -23,7 +24,7 @@ define checked
 	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
 endef
 
-.PHONY: help install train data cache fit evaluate test test-unit test-distributed test-integration lint format clean
+.PHONY: help install train data cache fit evaluate bench test test-unit test-distributed test-integration lint format clean
 
 help: ## List the targets
 	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
@@ -52,6 +53,9 @@ fit: install ## Train only (resumes from the newest checkpoint)
 
 evaluate: install ## Test metrics and report of the newest checkpoint
 	$(call checked,$(BIN)/python -m train evaluate $(TRAIN_ARGS))
+
+bench: install ## Data loading benchmark: mmap cache vs per-sample h5py vs shared memory -> runs/bench/
+	$(call checked,$(BIN)/python -m train.bench $(BENCH_ARGS))
 
 test: install ## The whole test suite (unit, distributed, integration)
 	$(call checked,$(BIN)/python -m pytest $(PYTEST_ARGS))

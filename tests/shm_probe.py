@@ -9,44 +9,20 @@ memory with ``share_memory_()``; prints a JSON line with the error it met.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
-
-def shm_used() -> int:
-    st = os.statvfs("/dev/shm")
-    return (st.f_blocks - st.f_bfree) * st.f_frsize
-
-
-def shm_size() -> int:
-    st = os.statvfs("/dev/shm")
-    return st.f_blocks * st.f_frsize
+from train.bench.procmem import ShmPeak, shm_size_bytes
 
 
 def run(args: list[str]) -> dict:
-    peak, done = shm_used(), threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, shm_used())
-            time.sleep(0.002)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    before = shm_used()
-    sampler.start()
-    proc = subprocess.run([sys.executable, "-m", "train", "run", *args], capture_output=True, text=True)
-    done.set()
-    sampler.join()
+    with ShmPeak() as shm:
+        proc = subprocess.run([sys.executable, "-m", "train", "run", *args], capture_output=True, text=True)
     return {
         "returncode": proc.returncode,
-        "shm_size": shm_size(),
-        "shm_before": before,
-        "shm_peak": peak,
+        "shm_size": shm_size_bytes(),
+        "shm_peak": shm.peak,
         "stderr_tail": proc.stderr[-6000:],
     }
 
@@ -63,8 +39,8 @@ def preload(cache_dir: Path) -> dict:
             tensor.share_memory_()
             shared += tensor.nbytes
     except RuntimeError as e:
-        return {"error": str(e), "shared_bytes": shared, "cache_bytes": total, "shm_size": shm_size()}
-    return {"error": None, "shared_bytes": shared, "cache_bytes": total, "shm_size": shm_size()}
+        return {"error": str(e), "shared_bytes": shared, "cache_bytes": total, "shm_size": shm_size_bytes()}
+    return {"error": None, "shared_bytes": shared, "cache_bytes": total, "shm_size": shm_size_bytes()}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Benchmarks (``make bench``): figures written as JSON and as a markdown table."""
