@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 from queue import Empty
 
@@ -134,7 +135,7 @@ def warm(paths: list[Path]) -> None:
 class H5PerSample:
     """PDEBench's per-item loading: the file opened lazily in each worker, one h5py read per sample."""
 
-    def __init__(self, info: CacheInfo, source: Path, name: str):
+    def __init__(self, info: CacheInfo, source: Path):
         self.source, self.autoregressive = source, info.autoregressive
         first, last = info.splits["train"]["samples"]
         self.first, self.n = first, last - first
@@ -188,7 +189,7 @@ def fetch_rates(infos: dict, sources: dict, seconds: float = 2.0) -> dict:
     rng = np.random.default_rng(0)
     for name, info in infos.items():
         batch = BATCH[name]
-        mapped, per_sample = training_dataset(info, "train", INITIAL_STEP), H5PerSample(info, sources[name], name)
+        mapped, per_sample = training_dataset(info, "train", INITIAL_STEP), H5PerSample(info, sources[name])
         fetches = {
             "mmap": lambda ds=mapped, b=batch: ds.__getitems__(np.sort(rng.choice(len(ds), b, replace=False)).tolist()),
             "h5py": lambda ds=per_sample, b=batch: [ds[int(i)] for i in rng.integers(len(ds), size=b)],
@@ -209,8 +210,6 @@ def _worker_ready(queue, baseline_taken, worker_id: int) -> None:
 
 
 def _loaders(kind: str, infos: dict, sources: dict, rank: int, steps: int, queue, event) -> list[DataLoader]:
-    from functools import partial
-
     loaders = []
     for stream, (name, info) in enumerate(infos.items()):
         common = {
@@ -219,7 +218,7 @@ def _loaders(kind: str, infos: dict, sources: dict, rank: int, steps: int, queue
             "worker_init_fn": partial(_worker_ready, queue, event),
         }
         if kind == "h5py":  # shuffled, as PDEBench's loaders; long enough for every step
-            dataset = H5PerSample(info, sources[name], name)
+            dataset = H5PerSample(info, sources[name])
             sampler = RandomSampler(
                 dataset, num_samples=steps * BATCH[name], generator=torch.Generator().manual_seed(rank)
             )
