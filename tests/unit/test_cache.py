@@ -63,6 +63,13 @@ def normalised(raw, train):
     return (raw.astype(np.float64) - t64.mean(axes)) / t64.std(axes), t64.mean(axes), t64.std(axes)
 
 
+def assert_train_normalised(info, data):
+    """The cache's train split is samples 4.. of ``data`` (20 samples, 10% test and val carved first)."""
+    raw = data[..., None]
+    ref, _, _ = normalised(raw, raw[4:])
+    np.testing.assert_allclose(info.array("train"), ref[4:], rtol=1e-5, atol=1e-5)
+
+
 def snapshot(folder):
     return {p.name: p.stat().st_mtime_ns for p in sorted(folder.iterdir())}
 
@@ -260,9 +267,7 @@ def test_rewritten_source_gives_a_new_cache(tmp_path):
     os.utime(src, ns=(old_mtime, old_mtime))  # and the old timestamps: only the content tells them apart
     new = build_cache("adv", task(), src, tmp_path / "cache")
     assert new.path != old.path
-    raw = new_data[..., None]
-    ref, _, _ = normalised(raw, raw[4:])
-    np.testing.assert_allclose(new.array("train"), ref[4:], rtol=1e-5, atol=1e-5)
+    assert_train_normalised(new, new_data)
 
 
 def test_same_bytes_under_a_new_name_and_time_reuse_the_cache(tmp_path):
@@ -391,9 +396,7 @@ def test_folder_without_manifest_is_rebuilt(tmp_path):
     assert info.path == final
     assert (final / MANIFEST).is_file()
     assert not (final / "junk").exists()
-    raw = data[..., None]
-    ref, _, _ = normalised(raw, raw[4:])
-    np.testing.assert_allclose(info.array("train"), ref[4:], rtol=1e-5, atol=1e-5)
+    assert_train_normalised(info, data)
 
 
 def test_manifest_of_other_format_is_rebuilt(tmp_path):

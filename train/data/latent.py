@@ -24,6 +24,7 @@ import torch
 from train.atomic import fsync_dir, write_json_atomic
 from train.data.cache import CacheInfo
 from train.data.checksum import hash_file
+from train.data.dataset import training_dataset
 from train.errors import ConfigError
 from train.model.multitask import TaskCodec, TaskSpec
 
@@ -144,8 +145,6 @@ def build_latent_cache(
 
 @torch.no_grad()
 def _write(folder: Path, info: CacheInfo, spec: TaskSpec, d_model: int, encoder: dict) -> tuple[int, int]:
-    from train.data.dataset import training_dataset  # dataset imports the cache module; keep imports one-way
-
     codec = TaskCodec(spec, d_model)
     codec.load_state_dict(encoder, strict=False)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
