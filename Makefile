@@ -14,6 +14,7 @@ SET ?=
 DRY_RUN ?=
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+OUT ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -24,10 +25,11 @@ define checked
 	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
 endef
 
-.PHONY: help install train data cache fit evaluate bench test test-unit test-distributed test-integration lint format clean
+.PHONY: help install train data cache fit evaluate doctor smoke-test slurm bench test test-unit test-distributed test-integration lint format clean
 
 help: ## List the targets
 	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
+	@echo "Environment: DEBUG=1 (NCCL/c10d debug, flight recorder, all ranks on the console), SKIP_DOCTOR=1"
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## Create .venv with the package and its dev tools (idempotent)
@@ -53,6 +55,15 @@ fit: install ## Train only (resumes from the newest checkpoint)
 
 evaluate: install ## Test metrics and report of the newest checkpoint
 	$(call checked,$(BIN)/python -m train evaluate $(TRAIN_ARGS))
+
+doctor: install ## Check this machine against CONFIG: GPUs, /dev/shm, SLURM, ports, disk, data (exit 4 on a fail)
+	$(call checked,$(BIN)/python -m train doctor --config $(CONFIG) --nproc $(NPROC) $(foreach s,$(SET),--set $(s)))
+
+smoke-test: install ## Collectives, 5 DDP steps vs one process, checkpoint round trip, torch.compile (seconds)
+	$(call checked,$(BIN)/python -m train smoke --config $(CONFIG) --nproc $(NPROC) $(foreach s,$(SET),--set $(s)))
+
+slurm: install ## Render an sbatch file from CONFIG's slurm section (SET="slurm.nodes=2 ..."; OUT=file)
+	$(call checked,$(BIN)/python -m train slurm --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)))
 
 bench: install ## Data loading benchmark: mmap cache vs per-sample h5py vs shared memory -> runs/bench/
 	$(call checked,$(BIN)/python -m train.bench $(BENCH_ARGS))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from train.config import load_config
@@ -12,19 +13,27 @@ from train.obs.log import setup_logging
 
 log = logging.getLogger("train")
 
-COMMANDS = {
+STAGE_COMMANDS = {
     "run": "all stages: data, cache, fit, evaluate (what is already valid is skipped)",
     "data": "generate or locate each task's HDF5 file",
     "cache": "build the memory-mapped training caches (after data)",
     "fit": "train under torchrun (after data and cache); resumes from the newest checkpoint",
     "evaluate": "test-split metrics of the newest checkpoint into runs/<name>/report",
 }
+OTHER_COMMANDS = {
+    "doctor": "check this machine against the config (devices, /dev/shm, SLURM, ports, disk, data); exit 4 on a "
+    "problem that would make a launch hang or crash",
+    "smoke": "collectives, 5 DDP steps checked against one process, a checkpoint round trip and a torch.compile "
+    "step, on every visible GPU (or 2 CPU processes)",
+    "slurm": "render an sbatch file from the config's slurm section",
+}
+LAUNCHING = ("run", "fit", "evaluate", "smoke")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m train", description="Multi-task PDE surrogate training with DDP.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, help_text in COMMANDS.items():
+    for name, help_text in {**STAGE_COMMANDS, **OTHER_COMMANDS}.items():
         c = sub.add_parser(name, help=help_text, description=help_text)
         c.add_argument("--config", "-c", default="configs/default.yaml", help="YAML config (default: %(default)s)")
         c.add_argument(
@@ -36,10 +45,23 @@ def parser() -> argparse.ArgumentParser:
             help="override a config value, e.g. --set train.epochs=3 (repeatable)",
         )
         c.add_argument("--run", help="run name (folder under run.runs_dir); default: the config file's stem")
-        c.add_argument("--nproc", default=None, help="processes per node: auto (default) or a number")
-        c.add_argument(
-            "--dry-run", action="store_true", help="print what the data stage would fetch from where, then stop"
-        )
+        if name != "slurm":
+            c.add_argument("--nproc", default=None, help="processes per node: auto (default) or a number")
+        if name in STAGE_COMMANDS:
+            c.add_argument(
+                "--dry-run", action="store_true", help="print what the data stage would fetch from where, then stop"
+            )
+        if name in LAUNCHING:
+            c.add_argument(
+                "--skip-doctor",
+                action="store_true",
+                default=os.environ.get("SKIP_DOCTOR", "") not in ("", "0"),
+                help="do not run the preflight checks before launching (also SKIP_DOCTOR=1)",
+            )
+        if name == "smoke":
+            c.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile step")
+        if name == "slurm":
+            c.add_argument("--output", "-o", help="write the sbatch file here instead of printing it")
     return p
 
 
@@ -48,9 +70,24 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("launcher")
     try:
         cfg = load_config(args.config, args.overrides, run_name=args.run or None)
-        from train.pipeline import run_stages  # torch is imported only once the config is known to be good
+        # torch is imported only once the config is known to be good
+        if args.command == "doctor":
+            from train.dist.preflight import doctor
 
-        run_stages(cfg, args.command, args.nproc, dry_run=args.dry_run)
+            doctor(cfg, args.nproc)
+        elif args.command == "smoke":
+            from train.smoke import run_smoke
+
+            run_smoke(cfg, args.nproc, compile_step=not args.skip_compile, preflight=not args.skip_doctor)
+        elif args.command == "slurm":
+            from train.slurm import write_sbatch
+
+            write_sbatch(cfg, args.config, args.overrides, args.output)
+        else:
+            from train.pipeline import run_stages
+
+            preflight = args.command in LAUNCHING and not args.skip_doctor
+            run_stages(cfg, args.command, args.nproc, dry_run=args.dry_run, preflight=preflight)
     except TrainError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -130,6 +130,43 @@ class DistConfig(Section):
     """Seconds a collective (or the rendezvous) may wait for a peer before failing with an error."""
     max_restarts: int = Field(0, ge=0)
     """Times torchrun restarts the whole group after a rank fails."""
+    backend_fallback: bool = False
+    """Allow falling back from nccl to gloo (with a loud warning) when NCCL is missing or fails to start;
+    off by default, because a silent fall back to gloo trains many times slower."""
+    shutdown_timeout_s: int = Field(120, ge=1)
+    """Seconds the ranks get to stop (and save a checkpoint) after the launcher forwards a SIGTERM or SIGUSR1,
+    before they are killed."""
+
+
+class SlurmConfig(Section):
+    nodes: int = Field(1, ge=1)
+    """Nodes of the job; one task per node runs the launcher, which starts one rank per GPU."""
+    gpus_per_node: int = Field(8, ge=1)
+    """GPUs requested on each node (--gpus-per-node); the launcher starts one rank per visible GPU."""
+    cpus_per_gpu: int = Field(8, ge=1)
+    """CPU cores per GPU (the task gets gpus_per_node times this): DataLoader workers run on them."""
+    time: str = "24:00:00"
+    """Wall-clock limit (--time), e.g. 24:00:00 or 2-00:00:00."""
+    partition: str | None = None
+    """Partition (--partition); default: the cluster's default."""
+    account: str | None = None
+    """Account charged (--account); default: your default account."""
+    container: Literal["none", "pyxis", "apptainer"] = "none"
+    """Run inside a container: pyxis/enroot (srun --container-image) or apptainer (apptainer exec --nv)."""
+    image: str | None = None
+    """Container image: a registry reference for pyxis, a .sif file or docker:// reference for apptainer."""
+    preempt_signal_s: int = Field(300, ge=10)
+    """Seconds before the time limit at which SLURM sends SIGUSR1, so the run checkpoints and requeues."""
+    requeue: bool = True
+    """Requeue the job after a preemption or time-limit stop (exit code 75), so it resumes where it stopped."""
+    extra_sbatch: list[str] = []
+    """Further #SBATCH options, e.g. ['--qos=high', '--constraint=h100']."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_image(self) -> SlurmConfig:
+        if self.container != "none" and not self.image:
+            raise ValueError(f"slurm.container={self.container} needs slurm.image (the image to run)")
+        return self
 
 
 class RunConfig(Section):
@@ -156,6 +193,8 @@ class Config(Section):
     """Launch and process-group settings."""
     run: RunConfig = RunConfig()
     """Names and folders."""
+    slurm: SlurmConfig = SlurmConfig()
+    """What `python -m train slurm` writes into the sbatch file it renders."""
 
     @pydantic.model_validator(mode="after")
     def _check_consistency(self) -> Config:
@@ -322,6 +361,7 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 # Settings that do not change what is trained: a run may continue under different ones.
 _RUNTIME_ONLY = (
     "dist.",
+    "slurm.",
     "run.name",
     "run.runs_dir",
     "run.data_dir",

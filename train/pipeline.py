@@ -12,10 +12,11 @@ from pathlib import Path
 
 from train.atomic import write_json_atomic, write_text_atomic
 from train.config import Config, load_config, to_yaml, training_differences
-from train.data.cache import build_cache, node_lock
+from train.data.cache import CacheInfo, build_cache, node_lock
 from train.data.latent import build_latent_cache
 from train.data.sources import SplitFiles, stage_data
 from train.dist.launch import launch, resolve_nproc
+from train.dist.preflight import check_shm_at_launch, doctor
 from train.engine.checkpoint import latest_checkpoint, load_checkpoint
 from train.errors import ConfigError
 from train.model.multitask import TaskSpec, check_specs
@@ -86,13 +87,22 @@ def fit_is_done(cfg: Config, run_dir: Path) -> bool:
 
 
 def run_stages(
-    cfg: Config, command: str, nproc: str | int | None = None, *, dry_run: bool = False, b2_api=None
+    cfg: Config,
+    command: str,
+    nproc: str | int | None = None,
+    *,
+    dry_run: bool = False,
+    b2_api=None,
+    preflight: bool = False,
 ) -> Path | None:
     """Run ``command`` (a stage, or 'run' for all) and the stages it needs, skipping what is valid.
 
     ``dry_run`` stops after printing what the data stage would fetch; ``b2_api`` replaces the B2 client
-    built from the environment (tests use b2sdk's simulator).
+    built from the environment (tests use b2sdk's simulator); ``preflight`` runs the doctor first, and its
+    /dev/shm check again once the caches are known.
     """
+    if preflight and not dry_run:
+        doctor(cfg, nproc, quiet=True, data=False)
     sources = stage_data(cfg, dry_run=dry_run, b2_api=b2_api)
     if command == "data" or dry_run:
         return None
@@ -113,7 +123,10 @@ def run_stages(
         else:
             stages.append("evaluate")
     if stages:
-        launch(run_dir, resolve_nproc(nproc, cfg), cfg, ["--run-dir", str(run_dir), "--stages", ",".join(stages)])
+        n = resolve_nproc(nproc, cfg)
+        if preflight:
+            check_shm_at_launch(cfg, n, {name: CacheInfo.load(Path(f["cache"])) for name, f in folders.items()})
+        launch(run_dir, n, cfg, ["--run-dir", str(run_dir), "--stages", ",".join(stages)])
     if command in ("run", "evaluate"):
         summary = json.loads((run_dir / "report" / "summary.json").read_text())
         for name, r in summary.items():

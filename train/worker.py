@@ -16,7 +16,7 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 from train.config import load_config
 from train.data.cache import CacheInfo
 from train.data.latent import LatentInfo
-from train.dist.env import DistEnv, destroy_distributed, init_distributed
+from train.dist.env import DistEnv, destroy_distributed, init_distributed, rank_from_environ
 from train.engine.checkpoint import latest_checkpoint, load_checkpoint
 from train.engine.evaluate import TaskData, evaluate_split
 from train.engine.trainer import Trainer, build_model
@@ -73,11 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", default="fit,evaluate", help="comma-separated: fit, evaluate")
     args = parser.parse_args(argv)
     cfg = load_config(args.run_dir / "config.yaml")
-    env = DistEnv.from_environ(cfg.dist.backend)
-    setup_logging(f"rank{env.rank}", args.run_dir / "logs" / f"rank{env.rank}.log", console=env.is_main)
-    metrics = MetricsWriter(args.run_dir / "metrics.jsonl" if env.is_main else None)
+    rank = rank_from_environ()
+    setup_logging(f"rank{rank}", args.run_dir / "logs" / f"rank{rank}.log", console=rank == 0)
+    metrics = MetricsWriter(args.run_dir / "metrics.jsonl" if rank == 0 else None)
     try:
-        init_distributed(env, cfg.dist.timeout_s)
+        env = DistEnv.from_environ(cfg.dist.backend, cfg.dist.backend_fallback)
+        env = init_distributed(env, cfg.dist.timeout_s, cfg.dist.backend_fallback)
         tasks = load_tasks(args.run_dir, cfg)
         stages = args.stages.split(",")
         if "fit" in stages:

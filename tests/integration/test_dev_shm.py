@@ -129,3 +129,28 @@ def test_the_seeds_preloaded_shared_cache_fails_in_the_same_namespace(setup):
     assert result["error"] is not None, "the seed's design unexpectedly fit in 64 MB"
     assert re.search(r"</torch_[\d_]+>: No space left on device \(28\)", result["error"]), result["error"]
     assert result["shared_bytes"] < SHM_MB << 20 < cache_bytes
+
+
+def doctor_in_small_shm(args: list[str], *extra: str) -> subprocess.CompletedProcess:
+    script = f'mount -t tmpfs -o size={SHM_MB}m tmpfs /dev/shm && exec "$@"'
+    command = [sys.executable, "-m", "train", "doctor", *args, *extra]
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", *command], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+
+
+def test_the_doctor_sizes_dev_shm_from_the_cache_and_fails_where_it_is_too_small(setup):
+    _, args, _ = setup
+    batch_bytes = 4 * (BATCHES["advection1d"] * 11 * 1024 + BATCHES["darcy2d"] * 2 * 32 * 32)
+
+    def need(workers: int) -> str:
+        return f"{RANKS * (workers * PREFETCH + 4) * batch_bytes / 2**20:,.0f} MiB"
+
+    fits = doctor_in_small_shm(args)
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    assert re.search(rf"PASS\s+/dev/shm\s+64 MiB free of 64 MiB; needs {need(WORKERS)}", fits.stdout), fits.stdout
+    # Six times the workers: their in-flight batches no longer fit.
+    too_many = doctor_in_small_shm(args, "--set", "train.num_workers=24")
+    assert too_many.returncode == 4, too_many.stdout + too_many.stderr
+    assert re.search(rf"FAIL\s+/dev/shm\s+64 MiB free of 64 MiB, this config needs {need(24)}", too_many.stdout)
+    assert "--shm-size" in too_many.stdout and "/dev/shm" in too_many.stderr

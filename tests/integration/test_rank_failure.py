@@ -1,4 +1,4 @@
-"""A rank killed by a signal: the launcher names the rank and the signal and exits with code 5."""
+"""A rank killed by a signal: the launcher names the rank and the signal, with a hint, and exits 128+signal."""
 
 from __future__ import annotations
 
@@ -32,7 +32,10 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc to find the rank's process")
-def test_sigkill_of_one_rank_is_reported_with_exit_code_5(tmp_path):
+@pytest.mark.parametrize(
+    "sig, hint", [(signal.SIGKILL, "out-of-memory"), (signal.SIGBUS, "/dev/shm exhausted")], ids=["SIGKILL", "SIGBUS"]
+)
+def test_a_rank_killed_by_a_signal_is_named_first_with_the_shells_exit_code(tmp_path, sig, hint):
     args = ["run", "--config", "configs/tiny.yaml", "--nproc", "2", "--set", "train.steps_per_epoch=100000"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "train", *args, *folders(tmp_path)],
@@ -50,15 +53,15 @@ def test_sigkill_of_one_rank_is_reported_with_exit_code_5(tmp_path):
                     break
             time.sleep(0.2)
         assert pid is not None, "rank 1 never started training"
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
         _, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 5, stderr[-3000:]
-    assert "rank 1 was killed by SIGKILL" in stderr
-    assert "out-of-memory" in stderr
+    assert proc.returncode == 128 + sig, stderr[-3000:]
+    assert f"rank 1 was killed by {sig.name}" in stderr
+    assert hint in stderr
     # The root cause comes first in the summary, before any peer it took down.
     summary = stderr.split("training failed:", 1)[1].strip().splitlines()
-    assert summary[0].startswith("rank 1 was killed by SIGKILL"), summary
+    assert summary[0].startswith(f"rank 1 was killed by {sig.name}"), summary

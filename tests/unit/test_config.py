@@ -11,6 +11,7 @@ from train.config import (
     ModelConfig,
     RunConfig,
     Section,
+    SlurmConfig,
     TaskConfig,
     TrainConfig,
     apply_override,
@@ -408,7 +409,7 @@ def test_to_yaml_round_trips_shipped_configs(tmp_path, repo):
 # --------------------------------------------------------------------------------------- documentation
 def test_every_field_is_documented():
     sections = set(Section.__subclasses__())
-    assert sections == {TaskConfig, ModelConfig, TrainConfig, DistConfig, RunConfig, Config}
+    assert sections == {TaskConfig, ModelConfig, TrainConfig, DistConfig, RunConfig, SlurmConfig, Config}
     for section in sections:
         assert section.model_fields, section
         for name, field in section.model_fields.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from train.errors import ConfigError, DistributedError
+from train.obs.log import redacted_environ
 
 log = logging.getLogger(__name__)
 
@@ -29,23 +31,21 @@ class DistEnv:
         return self.rank == 0
 
     @classmethod
-    def from_environ(cls, backend: str = "auto") -> DistEnv:
-        """Read RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE (set by torchrun; absent means one process)."""
+    def from_environ(cls, backend: str = "auto", fallback: bool = False) -> DistEnv:
+        """Read RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE (set by torchrun; absent means one process).
+
+        ``backend`` is dist.backend, overridden by DDP_BACKEND; ``fallback`` (dist.backend_fallback) lets a
+        rank without a usable NCCL run on gloo instead of failing.
+        """
         try:
             rank = int(os.environ.get("RANK", 0))
             local_rank = int(os.environ.get("LOCAL_RANK", 0))
             world_size = int(os.environ.get("WORLD_SIZE", 1))
             local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         except ValueError as e:
-            raise DistributedError(f"a torchrun variable (RANK, LOCAL_RANK, WORLD_SIZE) is not an integer: {e}") from None
-        backend = os.environ.get("DDP_BACKEND", backend)
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend not in ("nccl", "gloo"):
-            raise ConfigError(f"backend {backend!r} (dist.backend or DDP_BACKEND) must be auto, nccl or gloo")
-        if backend == "nccl" and not torch.cuda.is_available():
-            raise ConfigError("backend nccl needs CUDA, and no GPU is visible; use dist.backend=gloo or auto")
-        if torch.cuda.is_available() and backend == "nccl":
+            raise DistributedError(f"a torchrun variable (RANK, LOCAL_RANK, WORLD_SIZE) is no integer: {e}") from None
+        backend = resolve_backend(os.environ.get("DDP_BACKEND", backend), fallback)
+        if backend == "nccl":
             if local_rank >= torch.cuda.device_count():
                 raise DistributedError(
                     f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) visible: launch at most "
@@ -57,29 +57,88 @@ class DistEnv:
         return cls(rank, local_rank, world_size, local_world_size, backend, device)
 
 
-def init_distributed(env: DistEnv, timeout_s: int) -> None:
-    """Join the process group (a group of one is fine: collectives then cost nothing)."""
+def rank_from_environ() -> int:
+    """This process's global rank, for naming its log file before anything else can fail."""
+    value = os.environ.get("RANK", "0")
+    return int(value) if value.isdigit() else 0
+
+
+def resolve_backend(requested: str, fallback: bool) -> str:
+    """auto -> nccl with CUDA, gloo without; nccl without CUDA or NCCL -> an error, or gloo when allowed."""
+    if requested not in ("auto", "nccl", "gloo"):
+        raise ConfigError(f"backend {requested!r} (dist.backend or DDP_BACKEND) must be auto, nccl or gloo")
+    if requested == "gloo":
+        return "gloo"
+    cuda = torch.cuda.is_available()
+    if requested == "auto":
+        return "nccl" if cuda else "gloo"
+    problem = None if cuda else "no GPU is visible"
+    if problem is None and not dist.is_nccl_available():
+        problem = "this PyTorch build has no NCCL"
+    if problem is None:
+        return "nccl"
+    if not fallback:
+        raise ConfigError(
+            f"backend nccl was asked for (dist.backend or DDP_BACKEND) but {problem}; use backend auto or gloo, "
+            "or set dist.backend_fallback=true to fall back to gloo"
+        )
+    _warn_fallback(problem)
+    return "gloo"
+
+
+def _warn_fallback(reason: str) -> None:
+    log.warning(
+        "!!! FALLING BACK FROM NCCL TO GLOO: %s. Training continues on gloo, which is many times slower on GPUs; "
+        "this is for debugging only (dist.backend_fallback=true). !!!",
+        reason,
+    )
+
+
+def init_distributed(env: DistEnv, timeout_s: int, fallback: bool = False) -> DistEnv:
+    """Join the process group (a group of one is fine: collectives then cost nothing).
+
+    Returns ``env``, or a copy on gloo when NCCL failed to start and ``fallback`` allows it.
+    """
+    log.debug(
+        "rank %d: local rank %d, world size %d, backend %s, device %s; environment: %s",
+        env.rank, env.local_rank, env.world_size, env.backend, env.device, redacted_environ(os.environ),
+    )  # fmt: skip
     if env.device.type == "cuda":
-        torch.cuda.set_device(env.local_rank)  # before init: NCCL binds the communicator to this device
+        torch.cuda.set_device(env.local_rank)  # an int, before init: NCCL binds the communicator to this device
     if dist.is_initialized():
-        return
+        return env
     if "MASTER_ADDR" not in os.environ:  # a plain single process, not under torchrun
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    timeout = datetime.timedelta(seconds=timeout_s)
     try:
         dist.init_process_group(
             env.backend,
             rank=env.rank,
             world_size=env.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
             device_id=env.device if env.device.type == "cuda" else None,
         )
     except Exception as e:  # every init failure gets the same actionable wrapper
+        if env.backend == "nccl" and fallback:
+            _warn_fallback(f"NCCL failed to start ({type(e).__name__}: {e})")
+            return _init_gloo_after_nccl_failure(env, timeout)
         raise DistributedError(
             f"rank {env.rank}: joining the process group ({env.backend}, MASTER_ADDR="
             f"{os.environ.get('MASTER_ADDR')}, MASTER_PORT={os.environ.get('MASTER_PORT')}, "
             f"world size {env.world_size}) failed within {timeout_s}s: {e}"
         ) from e
+    return env
+
+
+def _init_gloo_after_nccl_failure(env: DistEnv, timeout: datetime.timedelta) -> DistEnv:
+    """A second group on a fresh key prefix of the same store: the failed NCCL attempt's keys never collide."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=timeout))
+    store = dist.PrefixStore("gloo-fallback", store)
+    dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
+    return dataclasses.replace(env, backend="gloo", device=torch.device("cpu"))
 
 
 def destroy_distributed() -> None:
@@ -87,7 +146,7 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:

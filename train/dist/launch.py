@@ -9,25 +9,40 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
 from train.config import Config
+from train.dist.topology import Topology, topology_from_environ
 from train.errors import DistributedError, PreflightError, TrainError
+from train.obs.log import debug_enabled, redacted_environ
 
 log = logging.getLogger(__name__)
 
 # What a signal usually means here, for the failure summary.
 SIGNAL_HINTS = {
-    signal.SIGBUS: "often /dev/shm exhausted (Docker defaults to 64 MB: run with --shm-size or ipc: host)",
+    signal.SIGBUS: "often /dev/shm exhausted (Docker defaults to 64 MB: run with --shm-size or ipc: host; "
+    "`python -m train doctor` says how much this config needs)",
     signal.SIGKILL: "killed from outside, often the host's out-of-memory killer (check dmesg)",
     signal.SIGSEGV: "a native crash (library version mismatch or a bug in an extension)",
+    signal.SIGABRT: "aborted, e.g. by NCCL's watchdog after a collective timed out (DEBUG=1 dumps its flight recorder)",
     signal.SIGTERM: "terminated by the launcher, the scheduler or a user",
 }
+TIMEOUT_HINT = (
+    "a rank never arrived, or stopped calling collectives (crashed, hung on data or took a different branch); "
+    "the other ranks' logs show where they waited"
+)
+# Signals the agent forwards to the ranks (then waits dist.shutdown_timeout_s before SIGKILL): USR1 is what
+# SLURM sends before the time limit (--signal=B:USR1@...), so the ranks can checkpoint.
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1")
+# Written by rank 0 once a stop request has been honoured with a checkpoint: the launcher exits 75.
+PREEMPTED_MARKER = "preempted.json"
 
 
-def resolve_nproc(requested: str | int, cfg: Config) -> int:
+def resolve_nproc(requested: str | int | None, cfg: Config) -> int:
     """Processes for this node: one per visible GPU, or dist.cpu_nproc without GPUs, unless set explicitly."""
     value = cfg.dist.nproc if requested in (None, "") else requested
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -36,7 +51,7 @@ def resolve_nproc(requested: str | int, cfg: Config) -> int:
     try:
         n = int(value)
     except (TypeError, ValueError):
-        raise PreflightError(f"nproc {value!r} (NPROC / --nproc / dist.nproc) must be 'auto' or a positive integer") from None
+        raise PreflightError(f"nproc {value!r} (NPROC / --nproc / dist.nproc) must be 'auto' or a number") from None
     if n < 1:
         raise PreflightError(f"nproc must be at least 1, got {n}")
     if gpus and n > gpus and cfg.dist.backend != "gloo":
@@ -56,16 +71,89 @@ class WorkerFailure(TrainError):
         self.exit_code = code
 
 
-def _describe(rank: int, failure) -> str:
+def torchrun_argv(
+    topology: Topology, nproc: int, cfg: Config, log_dir: Path, module: str, args: list[str], debug: bool
+) -> list[str]:
+    """The torchrun command line: standalone on one node, c10d rendezvous on the first node across several."""
+    if topology.multi_node:
+        where = [
+            f"--nnodes={topology.nnodes}",  # c10d hands out ranks in arrival order: no --node-rank
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={topology.endpoint}",
+            f"--rdzv-id={topology.run_id}",
+            f"--rdzv-conf=join_timeout={cfg.dist.timeout_s}",
+        ]
+    else:
+        where = ["--standalone"]
+    return [
+        *where,
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={cfg.dist.max_restarts}",
+        f"--log-dir={log_dir}",
+        "--tee=3",  # every rank's stdout/stderr (native crashes, NCCL) into its own file, and to the console
+        *([] if debug else ["--local-ranks-filter=0"]),
+        f"--signals-to-handle={','.join(FORWARDED_SIGNALS)}",
+        f"--shutdown-timeout={cfg.dist.shutdown_timeout_s}",
+        "--module",
+        module,
+        *args,
+    ]
+
+
+def debug_variables(run_dir: Path) -> dict[str, str]:
+    """DEBUG=1: verbose NCCL and c10d, and NCCL's flight recorder dumped into the run folder on a timeout."""
+    dump = str(run_dir / "flight_recorder" / "rank_")
+    return {
+        "NCCL_DEBUG": "INFO",
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+        "TORCH_CPP_LOG_LEVEL": "INFO",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # the name older releases read
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": dump,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump,
+    }
+
+
+_DETAIL_PROBE = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", rank=0, world_size=1)
+torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+dist.destroy_process_group()
+"""
+
+
+def detail_debug_works() -> bool:
+    """Whether DDP survives TORCH_DISTRIBUTED_DEBUG=DETAIL here: some builds (seen: 2.13 CPU wheels) segfault
+    while logging DDP's construction, which would turn DEBUG=1 into a crash of every rank."""
+    from train.dist.env import free_port
+
+    env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    probe = subprocess.run([sys.executable, "-c", _DETAIL_PROBE], env=env, capture_output=True, timeout=120)
+    return probe.returncode == 0
+
+
+def _first_error(failure) -> str:
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message", "")
+    message = (message or "").strip()
+    if not message or message.startswith("To enable traceback"):
+        return ""
+    return message if len(message) <= 2000 else message[:2000] + " ..."
+
+
+def describe_failure(rank: int, failure) -> str:
+    """One line (or a few) per failed rank: exit code or signal, a hint, and its first recorded error."""
     if failure.exitcode < 0:
         sig = signal.Signals(-failure.exitcode)
         hint = SIGNAL_HINTS.get(sig, "")
         return f"rank {rank} was killed by {sig.name}{': ' + hint if hint else ''}"
-    detail = f": {message}" if message and not message.startswith("To enable traceback") else ""
-    return f"rank {rank} exited with code {failure.exitcode}{detail}"
+    error = _first_error(failure)
+    text = f"rank {rank} exited with code {failure.exitcode}{': ' + error if error else ''}"
+    if "timed out" in error.lower() or "timeout" in error.lower():
+        text += f"\n    hint: {TIMEOUT_HINT}"
+    return text
 
 
 def _blame_order(failure) -> int:
@@ -77,35 +165,70 @@ def _blame_order(failure) -> int:
     return 1 if os.path.isfile(failure.error_file) else 2
 
 
-def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str]) -> None:
-    """Run ``python -m train.worker WORKER_ARGS`` on ``nproc`` local ranks; raise WorkerFailure on failure."""
+def exit_code_of(failure) -> int:
+    """The rank's own code; a signal N becomes 128+N, as a shell reports it (137: SIGKILL, 135: SIGBUS)."""
+    return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+
+
+def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str], module: str = "train.worker") -> None:
+    """Run ``python -m MODULE WORKER_ARGS`` on ``nproc`` local ranks; raise WorkerFailure on failure."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
+    topology = topology_from_environ(os.environ, cfg.run.name or run_dir.name)
+    debug = debug_enabled()
     # Ranks sharing a CPU must not each start one thread per core: that oversubscribes and crawls.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    log_dir = run_dir / "logs" / "torchrun"
-    argv = [
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        f"--max-restarts={cfg.dist.max_restarts}",
-        f"--log-dir={log_dir}",
-        "--module",
-        "train.worker",
-        *worker_args,
-    ]
-    log.info("launching %d rank(s): torchrun %s", nproc, " ".join(argv))
-    # torchrun's agent turns SIGINT/SIGTERM into exceptions and leaves its handlers installed; put ours back.
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    # Lines a rank prints (native crashes, NCCL) are prefixed with its global rank on the console.
+    os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
+    if debug:
+        for name, value in debug_variables(run_dir).items():
+            os.environ.setdefault(name, value)
+        if os.environ["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and not detail_debug_works():
+            log.warning(
+                "TORCH_DISTRIBUTED_DEBUG=DETAIL crashes DistributedDataParallel in this PyTorch build (a one-process "
+                "probe died); using INFO instead. Set TORCH_DISTRIBUTED_DEBUG yourself to override."
+            )
+            os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"
+        (run_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)
+        log.debug("environment: %s", redacted_environ(os.environ))
+    argv = torchrun_argv(topology, nproc, cfg, run_dir / "logs" / "torchrun", module, worker_args, debug)
+    where = f"node {topology.node_rank} of {topology.nnodes} ({topology.source})" if topology.multi_node else "1 node"
+    log.info("launching %d rank(s) on %s: torchrun %s", nproc, where, " ".join(argv))
+    (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
+    # torchrun's agent turns signals into exceptions and leaves its handlers installed; put ours back.
+    saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, name) for name in FORWARDED_SIGNALS)}
     try:
         run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
         failures = sorted(e.failures.items(), key=lambda item: (_blame_order(item[1]), item[1].timestamp, item[0]))
-        lines = [_describe(rank, failure) for rank, failure in failures]
-        first = failures[0][1]
-        code = first.exitcode if first.exitcode > 0 else DistributedError.exit_code
+        lines = [describe_failure(rank, failure) for rank, failure in failures]
         summary = "training failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run_dir / 'logs'}"
-        raise WorkerFailure(code, summary) from None
+        raise WorkerFailure(exit_code_of(failures[0][1]), summary) from None
+    except SignalException as e:
+        _stopped_by_signal(run_dir, e.sigval, cfg)
+    except RendezvousError as e:
+        reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise DistributedError(
+            f"the rendezvous at {topology.endpoint} (RDZV_ID={topology.run_id}) failed ({reason}). "
+            f"A node never arrived within dist.timeout_s={cfg.dist.timeout_s}s: start the same command on all "
+            f"{topology.nnodes} nodes (NNODES, NODE_RANK=0..{topology.nnodes - 1}, the same RDZV_ENDPOINT and "
+            "RDZV_ID) and check that the first node's port is reachable from the others"
+        ) from None
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def _stopped_by_signal(run_dir: Path, sig: signal.Signals, cfg: Config) -> None:
+    from train.errors import Preempted
+
+    if (run_dir / PREEMPTED_MARKER).is_file():
+        raise Preempted(f"stopped by {sig.name}, checkpoint saved in {run_dir}; re-run the same command to resume")
+    raise WorkerFailure(
+        128 + int(sig),
+        f"stopped by {sig.name}: the ranks were given dist.shutdown_timeout_s={cfg.dist.shutdown_timeout_s}s to "
+        f"finish; re-running resumes from the newest checkpoint in {run_dir / 'checkpoints'}",
+    )

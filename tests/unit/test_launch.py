@@ -1,0 +1,109 @@
+"""The launcher's pure parts: where the nodes meet, the torchrun command line, failure summaries, redaction."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from train.config import load_config
+from train.dist.launch import debug_variables, describe_failure, exit_code_of, torchrun_argv
+from train.dist.topology import first_slurm_host, topology_from_environ
+from train.errors import ConfigError
+from train.obs.log import redacted_environ
+
+
+@pytest.mark.parametrize(
+    "nodelist, first",
+    [("gpu01", "gpu01"), ("gpu[03-05,9]", "gpu03"), ("gpu[7,2-3],cpu1", "gpu7"), ("a-b-1,a-b-2", "a-b-1")],
+)
+def test_first_slurm_host(nodelist, first):
+    assert first_slurm_host(nodelist) == first
+
+
+def test_one_node_without_settings():
+    topology = topology_from_environ({}, "run")
+    assert not topology.multi_node and topology.endpoint is None
+
+
+def test_explicit_variables():
+    env = {"NNODES": "3", "NODE_RANK": "2", "RDZV_ENDPOINT": "head:29400", "RDZV_ID": "exp1"}
+    topology = topology_from_environ(env, "run")
+    assert (topology.nnodes, topology.node_rank, topology.endpoint, topology.run_id) == (3, 2, "head:29400", "exp1")
+    assert topology.source == "environment"
+
+
+def test_slurm_variables_give_first_host_and_a_port_from_the_job_id():
+    env = {"SLURM_JOB_ID": "123456", "SLURM_NNODES": "4", "SLURM_NODEID": "3", "SLURM_JOB_NODELIST": "n[10-13]"}
+    topology = topology_from_environ(env, "run")
+    assert topology.endpoint == f"n10:{20000 + 123456 % 10000}"
+    assert (topology.nnodes, topology.node_rank, topology.run_id, topology.source) == (4, 3, "123456", "SLURM")
+    # Explicit settings win over SLURM's.
+    assert topology_from_environ({**env, "RDZV_ENDPOINT": "x:1"}, "run").endpoint == "x:1"
+
+
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"NNODES": "2"}, "NODE_RANK"),
+        ({"NNODES": "2", "NODE_RANK": "2", "RDZV_ENDPOINT": "h:1"}, "outside 0..1"),
+        ({"NNODES": "2", "NODE_RANK": "0"}, "RDZV_ENDPOINT"),
+        ({"NNODES": "2", "NODE_RANK": "0", "RDZV_ENDPOINT": "nohost"}, "host:port"),
+        ({"NNODES": "two"}, "NNODES"),
+    ],
+)
+def test_bad_settings_are_config_errors_naming_the_variable(env, words):
+    with pytest.raises(ConfigError, match=words):
+        topology_from_environ(env, "run")
+
+
+def test_torchrun_argv_single_and_multi_node(tmp_path):
+    cfg = load_config("configs/tiny.yaml", ["dist.max_restarts=2", "dist.timeout_s=45"])
+    single = torchrun_argv(topology_from_environ({}, "r"), 4, cfg, tmp_path, "train.worker", ["--x"], debug=False)
+    assert "--standalone" in single and "--nproc-per-node=4" in single and "--max-restarts=2" in single
+    assert "--local-ranks-filter=0" in single and "SIGUSR1" in next(a for a in single if a.startswith("--signals"))
+    assert single[-3:] == ["--module", "train.worker", "--x"]
+    env = {"NNODES": "2", "NODE_RANK": "1", "RDZV_ENDPOINT": "head:29400", "RDZV_ID": "j"}
+    multi = torchrun_argv(topology_from_environ(env, "r"), 8, cfg, tmp_path, "train.worker", [], debug=True)
+    assert "--standalone" not in multi
+    assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400", "--rdzv-id=j"} <= set(multi)
+    assert "--rdzv-conf=join_timeout=45" in multi
+    assert not any(a.startswith("--local-ranks-filter") for a in multi), "DEBUG shows every rank"
+
+
+def test_debug_variables_point_the_flight_recorder_into_the_run(tmp_path):
+    variables = debug_variables(tmp_path)
+    assert variables["NCCL_DEBUG"] == "INFO" and variables["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
+    assert Path(variables["TORCH_FR_DUMP_TEMP_FILE"]).parent == tmp_path / "flight_recorder"
+
+
+def failure(exitcode: int, message: str = "", error_file: str = "/nonexistent"):
+    return SimpleNamespace(exitcode=exitcode, message=message, error_file=error_file, timestamp=0)
+
+
+@pytest.mark.parametrize(
+    "sig, words, code",
+    [(signal.SIGBUS, "/dev/shm", 135), (signal.SIGKILL, "out-of-memory", 137), (signal.SIGSEGV, "native", 139)],
+)
+def test_signals_get_a_hint_and_the_shells_exit_code(sig, words, code):
+    f = failure(-int(sig))
+    assert f"rank 3 was killed by {sig.name}" in describe_failure(3, f) and words in describe_failure(3, f)
+    assert exit_code_of(f) == code
+
+
+def test_an_error_keeps_its_code_and_message_and_timeouts_get_a_hint():
+    f = failure(3, {"message": "DataError: no checkpoint in runs/x"})
+    assert describe_failure(0, f) == "rank 0 exited with code 3: DataError: no checkpoint in runs/x"
+    assert exit_code_of(f) == 3
+    timeout = describe_failure(1, failure(5, "rank 1: joining the process group failed within 30s: timed out"))
+    assert "hint: a rank never arrived" in timeout
+
+
+def test_secrets_are_redacted_by_name():
+    env = {"B2_APPLICATION_KEY": "s1", "HF_TOKEN": "s2", "db_password": "s3", "MY_SECRET_X": "s4", "PATH": "/bin"}
+    redacted = redacted_environ(env)
+    assert redacted["PATH"] == "/bin"
+    assert not {"s1", "s2", "s3", "s4"} & set(redacted.values())
+    assert set(redacted) == set(env)

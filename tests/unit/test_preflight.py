@@ -1,0 +1,227 @@
+"""The doctor's checks on simulated machines: GPU counts, SLURM allocations, /dev/shm sizes, ports, data."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from train.config import load_config
+from train.data.cache import CacheInfo
+from train.dist.capacity import MiB, sample_bytes, shm_need
+from train.dist.preflight import (
+    FAIL,
+    PASS,
+    WARN,
+    Facts,
+    check_data,
+    check_gpus,
+    check_memlock,
+    check_rendezvous,
+    check_shm,
+    check_slurm,
+    check_versions,
+    doctor,
+    render,
+    slurm_gpus_on_node,
+)
+from train.dist.topology import Topology
+from train.errors import PreflightError
+
+
+def facts(gpus: int = 0, environ: dict | None = None, shm: tuple[int, int] | None = (1 << 34, 1 << 34), **kw) -> Facts:
+    return Facts(
+        environ=environ or {},
+        gpus=gpus,
+        versions={"torch": "2.x", "CUDA": "12.4" if gpus else None, "NCCL": "2.21" if gpus else None},
+        shm=shm,
+        memlock=kw.get("memlock", -1),
+        container=kw.get("container"),
+        nccl_available=gpus > 0,
+    )
+
+
+def config(*overrides: str, tmp: Path | None = None):
+    folders = [f"run.{k}_dir={tmp / k}" for k in ("data", "cache", "runs")] if tmp else []
+    return load_config("configs/tiny.yaml", [*folders, *overrides])
+
+
+def cache(grid=(64,), autoregressive=True, in_channels=1, out_channels=1) -> CacheInfo:
+    return CacheInfo(Path("/nonexistent"), "advection1d", autoregressive, grid, 41, in_channels, out_channels,
+                     {}, (0.0,), (1.0,), (0.0,), (1.0,), {})  # fmt: skip
+
+
+# --- GPUs and nproc --------------------------------------------------------------------------------------------
+
+
+def test_more_ranks_than_gpus_fails_with_the_number_to_use():
+    check = check_gpus(config(), 8, facts(gpus=1, environ={"CUDA_VISIBLE_DEVICES": "0"}))
+    assert check.status == FAIL
+    assert "nproc=8" in check.detail and "1 GPU" in check.detail
+    assert "NPROC=1" in check.fix
+
+
+def test_auto_uses_every_gpu_and_fewer_ranks_warn_about_idle_gpus():
+    assert check_gpus(config(), None, facts(gpus=4)).status == PASS
+    idle = check_gpus(config(), 2, facts(gpus=4))
+    assert idle.status == WARN and "2 of 4" in idle.detail
+
+
+def test_cuda_visible_devices_without_a_visible_gpu_warns():
+    check = check_gpus(config(), None, facts(gpus=0, environ={"CUDA_VISIBLE_DEVICES": "0,1"}))
+    assert check.status == WARN and "CUDA_VISIBLE_DEVICES=0,1" in check.detail and "no GPU" in check.detail
+
+
+def test_cuda_visible_devices_listing_more_than_exist_warns():
+    check = check_gpus(config(), 2, facts(gpus=2, environ={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}))
+    assert check.status == WARN and "lists 4" in check.detail
+
+
+def test_unusable_nproc_fails():
+    assert check_gpus(config(), "many", facts()).status == FAIL
+
+
+def test_forced_nccl_without_gpus_fails_unless_fallback_is_allowed():
+    env = {"DDP_BACKEND": "nccl"}
+    assert check_versions(config(), facts(environ=env)).status == FAIL
+    assert check_versions(config("dist.backend_fallback=true"), facts(environ=env)).status == WARN
+    assert check_versions(config(), facts(gpus=2)).status == PASS
+
+
+# --- SLURM -------------------------------------------------------------------------------------------------------
+
+
+def test_one_gpu_granted_but_eight_tasks_fails():
+    """The classic hang: --gres=gpu:1 with --ntasks-per-node=8."""
+    env = {"SLURM_JOB_ID": "42", "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "8", "SLURM_GPUS_ON_NODE": "1"}
+    check = check_slurm(config(), None, facts(gpus=1, environ=env))
+    assert check.status == FAIL
+    assert "8 tasks per node" in check.detail and "1 GPU(s)" in check.detail
+    assert "--ntasks-per-node=1" in check.fix
+
+
+def test_more_ranks_than_granted_gpus_fails():
+    env = {"SLURM_JOB_ID": "42", "SLURM_NNODES": "1", "SLURM_NTASKS": "1", "SLURM_GPUS_PER_NODE": "h200:2"}
+    check = check_slurm(config(), 4, facts(gpus=4, environ=env))
+    assert check.status == FAIL and "granted 2" in check.detail
+
+
+def test_ntasks_over_nodes_counts_tasks_per_node():
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_NTASKS": "16", "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}
+    check = check_slurm(config(), None, facts(gpus=8, environ=env))
+    assert check.status == FAIL and "8 tasks per node" in check.detail
+
+
+def test_nnodes_contradicting_slurm_fails():
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1", "NNODES": "4"}
+    check = check_slurm(config(), None, facts(gpus=0, environ=env))
+    assert check.status == FAIL and "NNODES=4" in check.detail
+
+
+def test_a_consistent_slurm_job_passes_and_no_job_means_no_row():
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_GPUS_ON_NODE": "8"}
+    assert check_slurm(config(), None, facts(gpus=8, environ=env)).status == PASS
+    assert check_slurm(config(), None, facts(gpus=8)) is None
+
+
+def test_granted_gpus_from_each_slurm_variable():
+    assert slurm_gpus_on_node({"SLURM_GPUS_ON_NODE": "4"}) == 4
+    assert slurm_gpus_on_node({"SLURM_GPUS_PER_NODE": "a100:2"}) == 2
+    assert slurm_gpus_on_node({"SLURM_JOB_GPUS": "0,3,5"}) == 3
+    assert slurm_gpus_on_node({}) is None
+
+
+# --- rendezvous ----------------------------------------------------------------------------------------------------
+
+
+def test_busy_rendezvous_port_on_the_first_node_fails():
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = {"NNODES": "2", "NODE_RANK": "0", "RDZV_ENDPOINT": f"127.0.0.1:{port}"}
+        check, topology = check_rendezvous(config(), facts(environ=env))
+    assert check.status == FAIL and f"port {port} is already in use" in check.detail
+    assert topology is not None and topology.multi_node
+
+
+def test_free_port_and_single_node_pass():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    env = {"NNODES": "2", "NODE_RANK": "0", "RDZV_ENDPOINT": f"127.0.0.1:{port}"}
+    assert check_rendezvous(config(), facts(environ=env))[0].status == PASS
+    assert check_rendezvous(config(), facts())[0].status == PASS
+
+
+def test_multi_node_without_an_endpoint_fails():
+    check, topology = check_rendezvous(config(), facts(environ={"NNODES": "2", "NODE_RANK": "1"}))
+    assert check.status == FAIL and "RDZV_ENDPOINT" in check.detail and topology is None
+
+
+# --- /dev/shm -------------------------------------------------------------------------------------------------------
+
+
+def test_sample_bytes_counts_input_frames_and_target():
+    assert sample_bytes(cache(grid=(64,)), initial_step=4) == 4 * 64 * (4 + 1)
+    assert sample_bytes(cache(grid=(16, 16), autoregressive=False), initial_step=10) == 4 * 256 * 2
+
+
+def test_shm_need_grows_with_workers_ranks_and_nccl():
+    caches = {"advection1d": cache(grid=(64,)), "darcy2d": cache(grid=(16, 16), autoregressive=False)}
+    assert shm_need(config(), 2, caches, "gloo")[0] == 0  # no workers: batches never cross processes
+    cfg = config("train.num_workers=4")
+    per_rank = (4 * 2 + 4) * (8 * 4 * 64 * 5 + 4 * 4 * 256 * 2)
+    assert shm_need(cfg, 2, caches, "gloo")[0] == 2 * per_rank
+    assert shm_need(cfg, 2, caches, "nccl")[0] > 2 * per_rank
+    assert shm_need(cfg, 2, {"advection1d": None, "darcy2d": None}, "gloo")[0] is None
+
+
+def test_docker_default_shm_fails_for_eight_gpus():
+    check = check_shm(config(), 8, {}, facts(gpus=8, shm=(64 * MiB, 64 * MiB)))
+    assert check.status == FAIL and "--shm-size" in check.fix
+    roomy = check_shm(config(), 8, {}, facts(gpus=8, shm=(16 << 30, 16 << 30)))
+    assert roomy.status == PASS
+
+
+def test_shm_just_above_the_need_warns():
+    caches = {"advection1d": cache(grid=(64,)), "darcy2d": cache(grid=(16, 16), autoregressive=False)}
+    cfg = config("train.num_workers=4")
+    need = shm_need(cfg, 2, caches, "gloo")[0]
+    assert check_shm(cfg, 2, caches, facts(shm=(need * 3 // 2, need * 3 // 2))).status == WARN
+    assert check_shm(cfg, 2, caches, facts(shm=(need // 2, need // 2))).status == FAIL
+
+
+# --- data, memlock, the table ----------------------------------------------------------------------------------------
+
+
+def test_data_check_names_missing_files_and_credentials(tmp_path):
+    cfg = config(f"tasks.advection1d.source={tmp_path}/gone.hdf5", "tasks.darcy2d.source=b2://bucket/pdebench")
+    check = check_data(cfg, facts())
+    assert check.status == FAIL
+    assert "gone.hdf5 not found" in check.detail and "B2_APPLICATION_KEY_ID" in check.detail
+    creds = {"B2_APPLICATION_KEY_ID": "id", "B2_APPLICATION_KEY": "k"}
+    cfg = config("tasks.darcy2d.source=b2://bucket/pdebench")
+    assert check_data(cfg, facts(environ=creds)).status == PASS
+
+
+def test_memlock_matters_only_for_gpus_across_nodes():
+    multi = Topology(2, 0, "h:1", "x", "environment")
+    assert check_memlock(facts(gpus=8, memlock=64 * 1024), multi).status == WARN
+    assert check_memlock(facts(gpus=8, memlock=64 * 1024), None).status == PASS
+    assert check_memlock(facts(gpus=8, memlock=-1), multi).status == PASS
+
+
+def test_doctor_raises_preflight_error_with_exit_code_4_and_prints_fixes(tmp_path, capsys):
+    with pytest.raises(PreflightError) as e:
+        doctor(config(tmp=tmp_path), 8, caches={}, facts=facts(gpus=2))
+    assert e.value.exit_code == 4 and "nproc vs GPUs" in str(e.value)
+    out = capsys.readouterr().out
+    assert "FAIL  nproc vs GPUs" in out and "fix: use NPROC=auto or NPROC=2" in out
+
+
+def test_doctor_passes_on_a_consistent_machine(tmp_path, capsys):
+    checks = doctor(config(tmp=tmp_path), None, caches={}, facts=facts(gpus=0))
+    assert all(c.status == PASS for c in checks), render(checks)
+    assert {c.name for c in checks} >= {"libraries", "nproc vs GPUs", "/dev/shm", "disk", "data", "memlock"}

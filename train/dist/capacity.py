@@ -1,0 +1,104 @@
+"""What a launch takes from the machine: /dev/shm for worker queues and NCCL, disk for checkpoints and caches.
+
+Plain arithmetic over the config and the caches, so the doctor can compare it with what is free.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from train.config import Config
+from train.data.cache import CacheInfo
+
+MiB = 1 << 20
+NCCL_BUFFSIZE = 4 * MiB  # NCCL's default per-channel buffer (NCCL_BUFFSIZE)
+NCCL_SHM_SLACK = 64 * MiB  # NCCL's proxy and bootstrap segments
+
+
+def mib(n: float) -> str:
+    return f"{n / MiB:,.0f} MiB" if n < 10 * 1024 * MiB else f"{n / (1024 * MiB):,.1f} GiB"
+
+
+def sample_bytes(info: CacheInfo, initial_step: int) -> int:
+    """Bytes of one training item (inputs and target, float32) as DataLoader workers ship it."""
+    points = 1
+    for n in info.grid:
+        points *= n
+    frames = initial_step if info.autoregressive else 1
+    return 4 * points * (frames * info.in_channels + info.out_channels)
+
+
+def shm_need(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None], backend: str) -> tuple[int | None, str]:
+    """Bytes of /dev/shm this node needs: worker queues (each worker keeps 2 batches in flight, plus a few
+    in the loader's reorder buffer) and NCCL's shared-memory transport between local ranks."""
+    workers = cfg.train.num_workers
+    loaders = 0
+    for name, info in caches.items():
+        if workers and info is None:
+            return None, f"task {name} has no cache yet to size its batches"
+        if workers and info is not None:
+            batch = cfg.tasks[name].batch_size * sample_bytes(info, cfg.tasks[name].initial_step)
+            loaders += nproc * (workers * 2 + 4) * batch
+    nccl = 0
+    if backend == "nccl" and nproc > 1:
+        buffsize = int(os.environ.get("NCCL_BUFFSIZE", NCCL_BUFFSIZE))
+        nccl = nproc * (nproc - 1) * 2 * buffsize + NCCL_SHM_SLACK
+    return loaders + nccl, f"{mib(loaders)} worker queues ({nproc} x {workers} workers) + {mib(nccl)} NCCL"
+
+
+def _existing(path: Path) -> Path:
+    """``path``, or its nearest ancestor that exists (where it would be created)."""
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def checkpoint_bytes(cfg: Config) -> int:
+    """A checkpoint's size, estimated from the processor: weights plus AdamW's two moments, in float32, and a
+    fifth more for the task encoders and decoders."""
+    m = cfg.model
+    return int(m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model**2 * 4 * 3 * 1.2)
+
+
+def checkpoint_bytes(cfg: Config) -> int:
+    """A checkpoint's size, estimated from the processor: weights plus AdamW's two moments, in float32, and a
+    fifth more for the task encoders and decoders."""
+    m = cfg.model
+    return int(m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model**2 * 4 * 3 * 1.2)
+
+
+def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> list[tuple[Path, int, list[str]]]:
+    """(an existing folder on it, bytes needed, the configured folders) per filesystem: checkpoints kept plus
+    one being written, and each missing cache (about its source file's size)."""
+    from train.data import generate
+
+    needs = {Path(cfg.run.runs_dir): (cfg.train.keep_checkpoints + 1) * checkpoint_bytes(cfg)}
+    cache_need = 0
+    for name, task in cfg.tasks.items():
+        if caches.get(name) is None:
+            if task.source == "generate":
+                source = Path(cfg.run.data_dir) / name / generate.pdebench_filename(task.pde, task.coefficient)
+            else:
+                source = Path(task.source.removeprefix("file://")).expanduser()
+            cache_need += source.stat().st_size if source.is_file() else 0
+    needs[Path(cfg.run.cache_dir)] = cache_need
+    needs.setdefault(Path(cfg.run.data_dir), 0)
+    by_device: dict[int, tuple[Path, int, list[str]]] = {}
+    for folder, need in needs.items():
+        root = _existing(folder)
+        _, total, folders = by_device.get(root.stat().st_dev, (root, 0, []))
+        by_device[root.stat().st_dev] = (root, total + need, [*folders, str(folder)])
+    return list(by_device.values())
+
+
+def find_caches(cfg: Config) -> dict[str, CacheInfo | None]:
+    """The newest complete cache of each task, if any (its grid sizes the /dev/shm need)."""
+    found: dict[str, CacheInfo | None] = {}
+    for name in cfg.tasks:
+        folder = Path(cfg.run.cache_dir) / name
+        infos = [i for p in folder.iterdir() if p.is_dir() and (i := CacheInfo.load(p))] if folder.is_dir() else []
+        found[name] = max(infos, key=lambda i: i.path.stat().st_mtime, default=None)
+    return found

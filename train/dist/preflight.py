@@ -1,0 +1,394 @@
+"""The doctor: checks this machine against the config before a launch, so that what would hang or crash
+(too small a /dev/shm, more ranks than GPUs, SLURM tasks that contradict the launch, a busy port, a full disk,
+missing data) fails in a second with a one-line fix instead.
+
+Every check is a function of plain facts (``Facts``), so tests can simulate GPUs and SLURM allocations.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import resource
+import shutil
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from train.config import Config
+from train.data.cache import CacheInfo
+from train.dist.capacity import MiB, find_caches, mib, needs_by_filesystem, shm_need
+from train.dist.topology import Topology, topology_from_environ
+from train.errors import ConfigError, PreflightError
+
+log = logging.getLogger(__name__)
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the checks look at, gathered once from the machine (or made up by a test)."""
+
+    environ: Mapping[str, str]
+    gpus: int
+    versions: dict[str, str | None]
+    shm: tuple[int, int] | None
+    """(size, free) of /dev/shm in bytes; None when there is none."""
+    memlock: int
+    """Soft RLIMIT_MEMLOCK in bytes; -1 when unlimited."""
+    container: str | None
+    nccl_available: bool = False
+
+
+def detect_container(environ: Mapping[str, str]) -> str | None:
+    if Path("/.dockerenv").exists():
+        return "docker"
+    if environ.get("APPTAINER_CONTAINER") or environ.get("SINGULARITY_CONTAINER"):
+        return "apptainer"
+    if environ.get("ENROOT_ROOTFS") or environ.get("PYXIS_RUNTIME_PATH") or Path("/etc/enroot").is_dir():
+        return "enroot (pyxis)"
+    if Path("/run/.containerenv").exists():
+        return "podman"
+    try:
+        if re.search(r"docker|containerd|kubepods", Path("/proc/1/cgroup").read_text()):
+            return "docker/containerd"
+    except OSError:
+        pass
+    return None
+
+
+def gather_facts() -> Facts:
+    import torch
+    import torch.distributed as dist
+
+    try:
+        stat = os.statvfs("/dev/shm")
+        shm = (stat.f_blocks * stat.f_frsize, stat.f_bavail * stat.f_frsize)
+    except OSError:
+        shm = None
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    nccl = dist.is_nccl_available()
+    nccl_version = None
+    if nccl and torch.cuda.is_available():
+        nccl_version = ".".join(map(str, torch.cuda.nccl.version()))
+    return Facts(
+        environ=dict(os.environ),
+        gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        versions={"torch": torch.__version__, "CUDA": torch.version.cuda, "NCCL": nccl_version},
+        shm=shm,
+        memlock=-1 if soft == resource.RLIM_INFINITY else soft,
+        container=detect_container(os.environ),
+        nccl_available=nccl,
+    )
+
+
+def requested_nproc(cfg: Config, nproc: str | int | None, facts: Facts) -> tuple[int | None, str]:
+    """The processes this node will start, or None with the reason when the setting is unusable."""
+    value = cfg.dist.nproc if nproc in (None, "") else nproc
+    if value == "auto":
+        return (facts.gpus or cfg.dist.cpu_nproc), "auto"
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return None, f"nproc {value!r} is neither 'auto' nor a number"
+    return (n, "set") if n >= 1 else (None, f"nproc {n} is below 1")
+
+
+def backend_of(cfg: Config, facts: Facts) -> str:
+    requested = facts.environ.get("DDP_BACKEND", cfg.dist.backend)
+    if requested == "auto":
+        return "nccl" if facts.gpus else "gloo"
+    return requested
+
+
+def check_versions(cfg: Config, facts: Facts) -> Check:
+    detail = ", ".join(f"{k} {v or 'none'}" for k, v in facts.versions.items())
+    if backend_of(cfg, facts) == "nccl" and (not facts.gpus or not facts.nccl_available):
+        why = "no GPU is visible" if not facts.gpus else "this PyTorch build has no NCCL"
+        status = WARN if cfg.dist.backend_fallback else FAIL
+        return Check(
+            "libraries",
+            status,
+            f"{detail}; backend nccl asked for but {why}",
+            "use dist.backend=auto (or unset DDP_BACKEND), or install a CUDA build of PyTorch",
+        )
+    return Check("libraries", PASS, detail)
+
+
+def check_container(facts: Facts) -> Check:
+    return Check("container", PASS, facts.container or "not in a container")
+
+
+def check_gpus(cfg: Config, nproc: str | int | None, facts: Facts) -> Check:
+    n, how = requested_nproc(cfg, nproc, facts)
+    if n is None:
+        return Check("nproc vs GPUs", FAIL, how, "set NPROC=auto or a positive number")
+    listed = facts.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = [d for d in (listed or "").split(",") if d.strip()]
+    if not facts.gpus:
+        if devices:
+            return Check(
+                "nproc vs GPUs",
+                WARN,
+                f"CUDA_VISIBLE_DEVICES={listed} but PyTorch sees no GPU: {n} CPU process(es) with gloo",
+                "check the driver (nvidia-smi), docker run --gpus all, and that PyTorch is a CUDA build",
+            )
+        return Check("nproc vs GPUs", PASS, f"no GPU: {n} CPU process(es) with gloo ({how})")
+    if n > facts.gpus and backend_of(cfg, facts) != "gloo":
+        return Check(
+            "nproc vs GPUs",
+            FAIL,
+            f"nproc={n} but {facts.gpus} GPU(s) visible (CUDA_VISIBLE_DEVICES={listed or 'unset'}): the extra "
+            "ranks would wait forever for GPUs that do not exist",
+            f"use NPROC=auto or NPROC={facts.gpus}",
+        )
+    if devices and len(devices) != facts.gpus:
+        return Check(
+            "nproc vs GPUs",
+            WARN,
+            f"CUDA_VISIBLE_DEVICES lists {len(devices)} device(s), PyTorch sees {facts.gpus}",
+            "fix CUDA_VISIBLE_DEVICES (indices that exist on this machine)",
+        )
+    if n < facts.gpus:
+        return Check(
+            "nproc vs GPUs",
+            WARN,
+            f"nproc={n} leaves {facts.gpus - n} of {facts.gpus} GPU(s) idle",
+            "use NPROC=auto to train on all of them",
+        )
+    return Check("nproc vs GPUs", PASS, f"{n} rank(s), one per GPU ({how})")
+
+
+def _first_int(value: str | None) -> int | None:
+    match = re.search(r"(\d+)", value or "")
+    return int(match.group(1)) if match else None
+
+
+def slurm_gpus_on_node(environ: Mapping[str, str]) -> int | None:
+    """GPUs SLURM granted this node: SLURM_GPUS_ON_NODE, else --gpus-per-node ('h200:8'), else the job's list."""
+    if environ.get("SLURM_GPUS_ON_NODE"):
+        return _first_int(environ["SLURM_GPUS_ON_NODE"])
+    for name in ("SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
+        value = environ.get(name)
+        if value:
+            return int(value.rsplit(":", 1)[-1]) if name == "SLURM_GPUS_PER_NODE" else len(value.split(","))
+    return None
+
+
+def check_slurm(cfg: Config, nproc: str | int | None, facts: Facts) -> Check | None:
+    env = facts.environ
+    if "SLURM_JOB_ID" not in env:
+        return None
+    problems, fixes = [], []
+    tasks = _first_int(env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE"))
+    if tasks is None and env.get("SLURM_NTASKS") and env.get("SLURM_NNODES"):
+        tasks = int(env["SLURM_NTASKS"]) // max(1, int(env["SLURM_NNODES"]))
+    n, _ = requested_nproc(cfg, nproc, facts)
+    if tasks and tasks > 1:
+        problems.append(f"{tasks} tasks per node, and each starts the launcher with {n} rank(s)")
+        fixes.append("--ntasks-per-node=1 (the launcher starts one rank per GPU)")
+    granted = slurm_gpus_on_node(env)
+    if granted is not None and n is not None and backend_of(cfg, facts) != "gloo" and n * (tasks or 1) > granted:
+        problems.append(f"{n * (tasks or 1)} rank(s) on this node but SLURM granted {granted} GPU(s)")
+        fixes.append(f"--gpus-per-node={n * (tasks or 1)} or NPROC={granted}")
+    if env.get("NNODES") and env.get("SLURM_NNODES") and env["NNODES"] != env["SLURM_NNODES"]:
+        problems.append(f"NNODES={env['NNODES']} but the job has SLURM_NNODES={env['SLURM_NNODES']}")
+        fixes.append("unset NNODES (it is read from SLURM)")
+    summary = f"job {env['SLURM_JOB_ID']}: {env.get('SLURM_NNODES', '?')} node(s), {tasks or 1} task(s)/node, " + (
+        f"{granted} GPU(s) granted" if granted is not None else "no GPUs granted"
+    )
+    if problems:
+        return Check("SLURM", FAIL, f"{summary}; " + "; ".join(problems), "use " + " and ".join(fixes))
+    if granted is not None and granted != facts.gpus:
+        return Check(
+            "SLURM",
+            WARN,
+            f"{summary}, but PyTorch sees {facts.gpus}",
+            "do not override CUDA_VISIBLE_DEVICES inside the job",
+        )
+    cpus = _first_int(env.get("SLURM_CPUS_PER_TASK"))
+    if cpus and n and cpus < n * (cfg.train.num_workers + 1):
+        return Check(
+            "SLURM",
+            WARN,
+            f"{summary}; {cpus} CPUs for {n} rank(s) x {cfg.train.num_workers + 1} processes",
+            "raise --cpus-per-task or lower train.num_workers",
+        )
+    return Check("SLURM", PASS, summary)
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
+def check_rendezvous(cfg: Config, facts: Facts) -> tuple[Check, Topology | None]:
+    try:
+        topology = topology_from_environ(facts.environ, cfg.run.name or "run")
+    except ConfigError as e:
+        return Check("rendezvous", FAIL, str(e), "set NNODES, NODE_RANK and RDZV_ENDPOINT on every node"), None
+    if not topology.multi_node:
+        return Check("rendezvous", PASS, "one node: torchrun --standalone picks a free local port"), topology
+    host, port = topology.host_port
+    where = f"node {topology.node_rank} of {topology.nnodes}, c10d at {topology.endpoint} ({topology.source})"
+    if topology.node_rank == 0 and port_in_use(port):
+        return Check(
+            "rendezvous",
+            FAIL,
+            f"{where}: port {port} is already in use on this node",
+            "stop what holds it (ss -ltnp) or pick another port in RDZV_ENDPOINT",
+        ), topology
+    try:
+        socket.getaddrinfo(host, port)
+    except OSError as e:
+        return Check(
+            "rendezvous",
+            FAIL,
+            f"{where}: host {host!r} does not resolve ({e})",
+            "set RDZV_ENDPOINT to the first node's address",
+        ), topology
+    return Check("rendezvous", PASS, where), topology
+
+
+def check_shm(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None], facts: Facts) -> Check:
+    need, how = shm_need(cfg, nproc, caches, backend_of(cfg, facts))
+    fix = "docker run --shm-size=8g (compose: shm_size), or lower train.num_workers / batch sizes"
+    if facts.shm is None:
+        status = FAIL if need else PASS
+        return Check("/dev/shm", status, f"no /dev/shm on this machine; this config needs {how}", fix if need else "")
+    size, free = facts.shm
+    have = f"{mib(free)} free of {mib(size)}"
+    if need is None:
+        return Check("/dev/shm", PASS, f"{have}; {how} (checked again at launch)")
+    if free < need:
+        return Check("/dev/shm", FAIL, f"{have}, this config needs {mib(need)}: {how}", fix)
+    if free < 2 * need:
+        return Check("/dev/shm", WARN, f"{have}, little above the {mib(need)} needed: {how}", fix)
+    return Check("/dev/shm", PASS, f"{have}; needs {mib(need)}")
+
+
+def check_memlock(facts: Facts, topology: Topology | None) -> Check:
+    if facts.memlock == -1:
+        return Check("memlock", PASS, "unlimited")
+    detail = f"locked-memory limit {mib(facts.memlock)}"
+    if facts.gpus and topology is not None and topology.multi_node:
+        return Check(
+            "memlock",
+            WARN,
+            f"{detail}: InfiniBand/RDMA transports need it unlimited",
+            "docker run --ulimit memlock=-1 (compose: ulimits), or memlock unlimited in limits.conf",
+        )
+    return Check("memlock", PASS, f"{detail} (only RDMA across nodes needs more)")
+
+
+def check_data(cfg: Config, facts: Facts) -> Check:
+    """Each task's source, without touching the network: missing files or credentials fail here, not mid-run."""
+    from train.data import download
+
+    missing, notes = [], []
+    for name, task in cfg.tasks.items():
+        source = task.source
+        if source == "generate":
+            notes.append(f"{name}: generated locally")
+        elif source.startswith("b2://"):
+            credentials = facts.environ.get("B2_APPLICATION_KEY_ID") and facts.environ.get("B2_APPLICATION_KEY")
+            earlier = download.read_manifest(Path(cfg.run.data_dir) / name)
+            if credentials or earlier:
+                notes.append(f"{name}: {source} ({'credentials set' if credentials else 'downloaded earlier'})")
+            else:
+                missing.append(f"{name}: {source} needs B2_APPLICATION_KEY_ID and B2_APPLICATION_KEY")
+        else:
+            path = Path(source.removeprefix("file://")).expanduser()
+            (notes if path.exists() else missing).append(f"{name}: {path}{'' if path.exists() else ' not found'}")
+    if missing:
+        return Check("data", FAIL, "; ".join(missing), "fix tasks.<name>.source, or export the B2 credentials")
+    return Check("data", PASS, "; ".join(notes))
+
+
+def check_disk(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> Check:
+    """Free space where checkpoints and missing caches go (a cache takes about its source file's size)."""
+    details, status = [], PASS
+    for root, need, folders in needs_by_filesystem(cfg, caches):
+        free = shutil.disk_usage(root).free
+        details.append(f"{mib(free)} free for {', '.join(folders)} (needs about {mib(need)})")
+        if free < need + 256 * MiB:
+            status = FAIL
+        elif free < 2 * need + 1024 * MiB and status == PASS:
+            status = WARN
+    fix = "free space, or point run.runs_dir / run.cache_dir / run.data_dir at a bigger disk"
+    return Check("disk", status, "; ".join(details), fix)
+
+
+def run_checks(
+    cfg: Config, nproc: str | int | None, facts: Facts, caches: Mapping[str, CacheInfo | None], data: bool = True
+) -> list[Check]:
+    rendezvous, topology = check_rendezvous(cfg, facts)
+    n, _ = requested_nproc(cfg, nproc, facts)
+    checks = [check_versions(cfg, facts), check_container(facts), check_gpus(cfg, nproc, facts)]
+    checks += [c for c in [check_slurm(cfg, nproc, facts)] if c is not None]
+    checks += [rendezvous, check_shm(cfg, n or 1, caches, facts), check_disk(cfg, caches)]
+    checks += [check_data(cfg, facts)] if data else []
+    checks.append(check_memlock(facts, topology))
+    return checks
+
+
+def render(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for c in checks:
+        lines.append(f"  {c.status.upper():4}  {c.name:<{width}}  {c.detail}")
+        if c.fix and c.status != PASS:
+            lines.append(f"  {'':4}  {'':<{width}}  fix: {c.fix}")
+    return "\n".join(lines)
+
+
+def doctor(
+    cfg: Config,
+    nproc: str | int | None,
+    caches: Mapping[str, CacheInfo | None] | None = None,
+    facts: Facts | None = None,
+    quiet: bool = False,
+    data: bool = True,
+) -> list[Check]:
+    """Run every check and print the table (logged instead when ``quiet``); raise PreflightError on a fail.
+
+    ``data=False`` leaves out the data check: the smoke test needs none, and before a launch the data stage
+    itself reports a missing file (exit 3) right after."""
+    facts = facts or gather_facts()
+    checks = run_checks(cfg, nproc, facts, find_caches(cfg) if caches is None else caches, data)
+    table = render(checks)
+    if quiet:
+        log.info("preflight checks:\n%s", table)
+    else:
+        print(f"doctor: {cfg.run.name or 'config'} on {socket.gethostname()}\n{table}")
+    failed = [c.name for c in checks if c.status == FAIL]
+    if failed:
+        raise PreflightError(
+            f"preflight failed ({', '.join(failed)}): a launch would hang or crash; see the fixes above "
+            "(skip the checks with --skip-doctor or SKIP_DOCTOR=1)"
+        )
+    return checks
+
+
+def check_shm_at_launch(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None]) -> None:
+    """The /dev/shm check again, sized from the caches just built (the doctor may have run before them)."""
+    check = check_shm(cfg, nproc, caches, gather_facts())
+    if check.status == FAIL:
+        raise PreflightError(f"/dev/shm: {check.detail}; fix: {check.fix} (or skip the checks with --skip-doctor)")
+    if check.status == WARN:
+        log.warning("/dev/shm: %s; %s", check.detail, check.fix)

@@ -1,0 +1,200 @@
+"""``python -m train slurm``: an sbatch file rendered from the config's ``slurm`` section.
+
+One SLURM task per node runs the launcher, which starts one rank per GPU on its node. The batch script
+forwards the time-limit/preemption signal to the ranks (they checkpoint and exit 75), requeues the job on
+that code, and always exits with the training's own status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import sys
+
+from train.atomic import write_text_atomic
+from train.config import Config
+from train.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# sbatch reads its #SBATCH lines with its own small parser: whitespace ends a value, quotes and backslashes
+# are consumed, an unquoted '#' starts a comment. Values holding any of them would be cut or changed silently.
+_SBATCH_BREAKING = re.compile(r"[\s'\"\\#]|[^\x20-\x7e]")
+# minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+_SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|UNLIMITED|unlimited|infinite")
+# A control character in a shell line ends the header comment early or splits a command.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+_HEADER = """\
+#!/bin/bash
+# Rendered from the config by:
+#   {command}
+# Submit it from the project directory (the job runs in the folder it was submitted from):
+#   sbatch {submit}
+# SLURM writes the job's output to <job name>-<job id>.out in that folder.
+"""
+
+_BODY = """\
+set -euo pipefail
+cd "$SLURM_SUBMIT_DIR"
+
+# Rendezvous of the per-node launchers on the first node. The port is derived from the job id, so jobs sharing
+# a node do not collide. The launcher takes its node rank from each task's own SLURM_NODEID; a NODE_RANK
+# inherited from the submitting shell would give every node the same rank.
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)  # sed reads all: no SIGPIPE under pipefail
+export NNODES="$SLURM_NNODES"
+export RDZV_ENDPOINT="$head_node:$((20000 + SLURM_JOB_ID % 10000))"
+export RDZV_ID="$SLURM_JOB_ID"
+unset NODE_RANK
+
+# SLURM sends SIGUSR1 to this script only (--signal=B:...); srun passes it on to the launchers, which pass it
+# to the ranks: they save a checkpoint and exit with 75.
+pid=""
+interrupted=0
+forward_usr1() {{
+    interrupted=1
+    echo "received SIGUSR1 (time limit or preemption): forwarding to the ranks"
+    if [[ -n $pid ]]; then kill -USR1 "$pid" 2>/dev/null || true; fi
+}}
+trap forward_usr1 USR1
+
+{launch} &
+pid=$!
+
+# A trapped signal makes `wait` return early (status above 128) while srun runs on: wait again until srun's
+# own status arrives. The `&& ... ||` form keeps `set -e` from ending the script on a failed training.
+code=""
+while [[ -z $code ]]; do
+    interrupted=0
+    wait "$pid" && code=0 || code=$?
+    if (( interrupted && code > 128 )); then code=""; fi
+done
+
+{on_preempted}
+exit "$code"
+"""
+
+_REQUEUE = """\
+if [[ $code -eq 75 ]]; then
+    echo "training stopped with a checkpoint (exit 75): requeueing job $SLURM_JOB_ID to resume from it"
+    scontrol requeue "$SLURM_JOB_ID" || echo "scontrol requeue failed: submit this script again to resume" >&2
+fi"""
+
+_NO_REQUEUE = """\
+if [[ $code -eq 75 ]]; then
+    echo "training stopped with a checkpoint (exit 75): submit this script again to resume"
+fi"""
+
+
+def _sbatch_value(key: str, value: object) -> str:
+    text = str(value)
+    if not text or _SBATCH_BREAKING.search(text):
+        raise ConfigError(
+            f"{key}={text!r} cannot go on an #SBATCH line: use no whitespace, quotes, backslashes, '#' or "
+            f"non-ASCII characters"
+        )
+    return text
+
+
+def _shell_word(key: str, value: str) -> str:
+    if _CONTROL.search(value):
+        raise ConfigError(f"{key}={value!r} contains a control character (a newline?), which a script cannot hold")
+    return shlex.quote(value)
+
+
+def _directives(cfg: Config) -> list[str]:
+    s = cfg.slurm
+    if not _SLURM_TIME.fullmatch(s.time):
+        raise ConfigError(f"slurm.time={s.time!r} is not a SLURM time limit, e.g. 24:00:00 or 2-00:00:00")
+    options = [
+        f"--job-name={_sbatch_value('run.name', cfg.run.name)}",
+        f"--nodes={s.nodes}",
+        # One task per node: it runs the launcher, which starts one rank per GPU. One task per GPU would start
+        # gpus_per_node launchers per node, each starting a rank on every GPU.
+        "--ntasks-per-node=1",
+        f"--gpus-per-node={s.gpus_per_node}",
+        f"--cpus-per-task={s.gpus_per_node * s.cpus_per_gpu}",
+        f"--time={s.time}",
+    ]
+    if s.partition is not None:
+        options.append(f"--partition={_sbatch_value('slurm.partition', s.partition)}")
+    if s.account is not None:
+        options.append(f"--account={_sbatch_value('slurm.account', s.account)}")
+    options.append(f"--signal=B:USR1@{s.preempt_signal_s}")
+    if s.requeue:
+        options.append("--requeue")
+    options += ["--open-mode=append", "--output=%x-%j.out"]
+    for i, extra in enumerate(s.extra_sbatch):
+        key = f"slurm.extra_sbatch[{i}]"
+        if not extra.startswith("-"):
+            raise ConfigError(f"{key}={extra!r} must be an sbatch option, e.g. --qos=high")
+        options.append(_sbatch_value(key, extra))
+    return [f"#SBATCH {option}" for option in options]
+
+
+def _launch(cfg: Config, config_path: str, overrides: list[str]) -> str:
+    s = cfg.slurm
+    # Since SLURM 22.05 a step no longer inherits --cpus-per-task from the job: without it the launcher and
+    # all its ranks would share one core.
+    srun = [
+        "srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", f"--gpus-per-node={s.gpus_per_node}",
+        f"--cpus-per-task={s.gpus_per_node * s.cpus_per_gpu}",
+    ]  # fmt: skip
+    train = ["-m", "train", "run", "--config", _shell_word("config path", config_path)]
+    train += ["--run", _shell_word("run.name", str(cfg.run.name))]
+    for override in overrides:
+        # slurm.* settings only shape this file; the run inside the job does not need them
+        if not override.strip().startswith("slurm."):
+            train += ["--set", _shell_word(f"override {override!r}", override)]
+    if s.container == "none":
+        # PYTHON may name the project's virtual environment on the shared file system
+        lines = [srun, ['"${PYTHON:-python3}"', *train]]
+    elif s.container == "pyxis":
+        image = _shell_word("slurm.image", f"--container-image={s.image}")
+        mounts = '--container-mounts="$SLURM_SUBMIT_DIR":/workspace'
+        lines = [srun, [image, mounts, "--container-workdir=/workspace"], ["python3", *train]]
+    else:
+        image = _shell_word("slurm.image", str(s.image))
+        bind = ["--bind", '"$SLURM_SUBMIT_DIR":/workspace', "--pwd", "/workspace"]
+        lines = [srun, ["apptainer", "exec", "--nv", *bind, image], ["python3", *train]]
+    return " \\\n    ".join(" ".join(words) for words in lines)
+
+
+def render_command(config_path: str, overrides: list[str], run_name: str | None, output: str | None) -> str:
+    """The ``python -m train slurm`` command line that renders the same file."""
+    words = ["python", "-m", "train", "slurm", "--config", _shell_word("config path", config_path)]
+    if run_name is not None:
+        words += ["--run", _shell_word("run.name", run_name)]
+    for override in overrides:
+        words += ["--set", _shell_word(f"override {override!r}", override)]
+    if output is not None:
+        words += ["--output", _shell_word("output path", output)]
+    return " ".join(words)
+
+
+def render_sbatch(cfg: Config, config_path: str, overrides: list[str], output: str | None = None) -> str:
+    """The sbatch script of ``cfg``; ``output`` is only named in its header (where it is written to)."""
+    # load_config names a run after its config file; any other name came from --run or the YAML and must be
+    # on the command line in the header for it to reproduce this file.
+    default_name = os.path.splitext(os.path.basename(config_path))[0]
+    run_name = cfg.run.name if cfg.run.name != default_name else None
+    submit = _shell_word("output path", output) if output is not None else "FILE  (python -m train slurm --output FILE)"
+    header = _HEADER.format(command=render_command(config_path, overrides, run_name, output), submit=submit)
+    body = _BODY.format(
+        launch=_launch(cfg, config_path, overrides),
+        on_preempted=_REQUEUE if cfg.slurm.requeue else _NO_REQUEUE,
+    )
+    return header + "\n".join(_directives(cfg)) + "\n\n" + body
+
+
+def write_sbatch(cfg: Config, config_path: str, overrides: list[str], output: str | None) -> None:
+    """Print the sbatch script, or write it executable to ``output``."""
+    text = render_sbatch(cfg, config_path, overrides, output)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    write_text_atomic(output, text)
+    os.chmod(output, 0o755)
+    log.info("wrote %s; submit it from the project directory with: sbatch %s", output, shlex.quote(output))
