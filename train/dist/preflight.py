@@ -182,7 +182,7 @@ def slurm_gpus_on_node(environ: Mapping[str, str]) -> int | None:
     for name in ("SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
         value = environ.get(name)
         if value:
-            return int(value.rsplit(":", 1)[-1]) if name == "SLURM_GPUS_PER_NODE" else len(value.split(","))
+            return _first_int(value.rsplit(":", 1)[-1]) if name == "SLURM_GPUS_PER_NODE" else len(value.split(","))
     return None
 
 
@@ -192,8 +192,9 @@ def check_slurm(cfg: Config, nproc: str | int | None, facts: Facts) -> Check | N
         return None
     problems, fixes = [], []
     tasks = _first_int(env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE"))
-    if tasks is None and env.get("SLURM_NTASKS") and env.get("SLURM_NNODES"):
-        tasks = int(env["SLURM_NTASKS"]) // max(1, int(env["SLURM_NNODES"]))
+    ntasks, nnodes = _first_int(env.get("SLURM_NTASKS")), _first_int(env.get("SLURM_NNODES"))
+    if tasks is None and ntasks and nnodes:
+        tasks = ntasks // nnodes
     n, _ = requested_nproc(cfg, nproc, facts)
     if tasks and tasks > 1:
         problems.append(f"{tasks} tasks per node, and each starts the launcher with {n} rank(s)")
@@ -230,6 +231,8 @@ def check_slurm(cfg: Config, nproc: str | int | None, facts: Facts) -> Check | N
 
 def port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As the rendezvous store binds: connections of a previous run in TIME_WAIT do not count as in use.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", port))
         except OSError:
