@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 from torch.nn.parallel import DistributedDataParallel
 
 from train.atomic import write_json_atomic, write_text_atomic
@@ -223,13 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         if env.is_main:
             print(table, flush=True)
             write_json_atomic(args.run_dir / "smoke.json", {"world_size": env.world_size, "checks": rows})
+        destroy_distributed(wait_for_peers=True)
         failed = [r["check"] for r in rows if not r["ok"]]
         if failed:
             raise DistributedError(f"smoke test failed: {', '.join(failed)} (details in {args.run_dir / 'logs'})")
     except TrainError as e:
         log.error("%s", e)
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
         get_error_handler().record_exception(e)
         return e.exit_code
     finally:

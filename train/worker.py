@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             Trainer(cfg, env, tasks, args.run_dir).fit(metrics)
         if "evaluate" in stages:
             evaluate(cfg, env, tasks, args.run_dir)
+        destroy_distributed(wait_for_peers=True)
     except TrainError as e:
         log.error("%s", e)
         # The launcher reads this file to name the failing rank's error in its summary.

@@ -141,8 +141,13 @@ def _init_gloo_after_nccl_failure(env: DistEnv, timeout: datetime.timedelta) -> 
     return dataclasses.replace(env, backend="gloo", device=torch.device("cpu"))
 
 
-def destroy_distributed() -> None:
+def destroy_distributed(wait_for_peers: bool = False) -> None:
+    """Leave the process group; ``wait_for_peers`` (after success) first waits until every rank is done: a
+    rank that tears down its gloo group while a peer still uses it can abort at exit ("terminate called
+    without an active exception", SIGABRT) after all its work is written."""
     if dist.is_initialized():
+        if wait_for_peers and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 
