@@ -138,7 +138,7 @@ def _init_gloo_after_nccl_failure(env: DistEnv, timeout: datetime.timedelta) -> 
     store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=timeout))
     store = dist.PrefixStore("gloo-fallback", store)
     dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
-    return dataclasses.replace(env, backend="gloo", device=torch.device("cpu"))
+    return dataclasses.replace(env, backend="gloo")  # the GPU stays: gloo all-reduces CUDA tensors via the host
 
 
 def destroy_distributed(wait_for_peers: bool = False) -> None:
