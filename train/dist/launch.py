@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from train.config import Config
-from train.dist.topology import Topology, topology_from_environ
-from train.errors import DistributedError, PreflightError, TrainError
+from train.dist.topology import Topology, nproc_for, topology_from_environ
+from train.errors import DistributedError, Preempted, PreflightError, TrainError
 from train.obs.log import debug_enabled, redacted_environ
 
 log = logging.getLogger(__name__)
@@ -44,16 +44,10 @@ PREEMPTED_MARKER = "preempted.json"
 
 def resolve_nproc(requested: str | int | None, cfg: Config) -> int:
     """Processes for this node: one per visible GPU, or dist.cpu_nproc without GPUs, unless set explicitly."""
-    value = cfg.dist.nproc if requested in (None, "") else requested
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if value == "auto":
-        return gpus or cfg.dist.cpu_nproc
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise PreflightError(f"nproc {value!r} (NPROC / --nproc / dist.nproc) must be 'auto' or a number") from None
-    if n < 1:
-        raise PreflightError(f"nproc must be at least 1, got {n}")
+    n, how = nproc_for(cfg.dist.nproc if requested in (None, "") else requested, cfg.dist.cpu_nproc, gpus)
+    if n is None:
+        raise PreflightError(how)
     if gpus and n > gpus and cfg.dist.backend != "gloo":
         raise PreflightError(
             f"nproc={n} but only {gpus} GPU(s) are visible (CUDA_VISIBLE_DEVICES="
@@ -223,8 +217,6 @@ def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str], modul
 
 
 def _stopped_by_signal(run_dir: Path, sig: signal.Signals, cfg: Config) -> None:
-    from train.errors import Preempted
-
     if (run_dir / PREEMPTED_MARKER).is_file():
         raise Preempted(f"stopped by {sig.name}, checkpoint saved in {run_dir}; re-run the same command to resume")
     raise WorkerFailure(

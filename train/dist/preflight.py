@@ -20,7 +20,7 @@ from pathlib import Path
 from train.config import Config
 from train.data.cache import CacheInfo
 from train.dist.capacity import MiB, find_caches, mib, needs_by_filesystem, shm_need
-from train.dist.topology import Topology, topology_from_environ
+from train.dist.topology import Topology, nproc_for, topology_from_environ
 from train.errors import ConfigError, PreflightError
 
 log = logging.getLogger(__name__)
@@ -95,14 +95,7 @@ def gather_facts() -> Facts:
 
 def requested_nproc(cfg: Config, nproc: str | int | None, facts: Facts) -> tuple[int | None, str]:
     """The processes this node will start, or None with the reason when the setting is unusable."""
-    value = cfg.dist.nproc if nproc in (None, "") else nproc
-    if value == "auto":
-        return (facts.gpus or cfg.dist.cpu_nproc), "auto"
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        return None, f"nproc {value!r} is neither 'auto' nor a number"
-    return (n, "set") if n >= 1 else (None, f"nproc {n} is below 1")
+    return nproc_for(cfg.dist.nproc if nproc in (None, "") else nproc, cfg.dist.cpu_nproc, facts.gpus)
 
 
 def backend_of(cfg: Config, facts: Facts) -> str:

@@ -39,6 +39,18 @@ class Topology:
         return host, int(port)
 
 
+def nproc_for(setting: str | int | None, cpu_nproc: int, gpus: int) -> tuple[int | None, str]:
+    """Processes for this node from NPROC / --nproc / dist.nproc: 'auto' is one per visible GPU, or
+    ``cpu_nproc`` without GPUs. Returns (count, 'auto' or 'set'), or (None, why the setting is unusable)."""
+    if setting == "auto":
+        return (gpus or cpu_nproc), "auto"
+    try:
+        n = int(setting)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None, f"nproc {setting!r} (NPROC / --nproc / dist.nproc) must be 'auto' or a number"
+    return (n, "set") if n >= 1 else (None, f"nproc must be at least 1, got {n}")
+
+
 def first_slurm_host(nodelist: str) -> str:
     """The first host of a SLURM node list: 'gpu[03-05,9],cpu1' -> 'gpu03' (what `scontrol show hostnames`
     prints first)."""
