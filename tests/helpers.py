@@ -57,3 +57,39 @@ def folders(tmp: Path) -> list[str]:
         "--set", f"run.cache_dir={tmp / 'cache'}",
         "--set", f"run.runs_dir={tmp / 'runs'}",
     ]  # fmt: skip
+
+
+def prepare_run(
+    tmp: Path, config: str | Path = "configs/tiny.yaml", overrides: list[str] = (), name: str = "run"
+) -> Path:
+    """Data, caches and run folder of a config inside ``tmp``, as the launcher prepares them; returns the run
+    folder that rank processes read (config.yaml, inputs.json)."""
+    from train.atomic import write_json_atomic
+    from train.config import load_config
+    from train.data.sources import stage_data
+    from train.pipeline import prepare_run_dir, stage_cache
+    from train.worker import INPUTS
+
+    cfg = load_config(
+        REPO / config,
+        [f"run.data_dir={tmp / 'data'}", f"run.cache_dir={tmp / 'cache'}", f"run.runs_dir={tmp / 'runs'}", *overrides],
+        run_name=name,
+    )
+    folders = stage_cache(cfg, stage_data(cfg))
+    run_dir = prepare_run_dir(cfg)
+    write_json_atomic(run_dir / INPUTS, folders)
+    return run_dir
+
+
+def rank_trainer(run_dir: Path):
+    """In a rank process started by run_ranks: join the gloo group and build the run's Trainer."""
+    from train.config import load_config
+    from train.dist.env import DistEnv, init_distributed
+    from train.engine.trainer import Trainer
+    from train.obs.log import setup_logging
+    from train.worker import load_tasks
+
+    cfg = load_config(run_dir / "config.yaml")
+    env = init_distributed(DistEnv.from_environ("gloo"), 60)
+    setup_logging(f"rank{env.rank}", run_dir / "logs" / f"rank{env.rank}.log", console=False)
+    return Trainer(cfg, env, load_tasks(run_dir, cfg), run_dir)

@@ -72,6 +72,8 @@ class TaskConfig(Section):
     """Grid points per token along each spatial axis; must divide the strided grid."""
     loss_weight: float = Field(1.0, gt=0)
     """Weight of this task's loss in the summed multi-task loss."""
+    sampling_weight: float = Field(1.0, gt=0)
+    """Relative probability of drawing this task in a step (train.task_sampling=weighted only)."""
     latent_encoder: str | None = None
     """Checkpoint (.pt) of an earlier run whose encoder for this task is frozen: its tokens for every training
     item are precomputed into a latent cache beside the data cache, and training reads them instead of
@@ -104,19 +106,56 @@ class TrainConfig(Section):
     """Linear warm-up steps before the cosine decay."""
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this value; 0 disables clipping."""
-    compile: bool | Literal["auto"] = "auto"
-    """torch.compile the DDP model: true, false, or auto (on with CUDA; off on CPU, where it costs more than
-    it saves at these model sizes)."""
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
-    """torch.compile mode; 'reduce-overhead' uses CUDA graphs, which break DDP, so it is coerced to 'default'."""
     num_workers: int = Field(0, ge=0)
     """DataLoader worker processes per rank."""
     log_every: int = Field(20, ge=1)
     """Write a metrics line every n steps."""
     keep_checkpoints: int = Field(2, ge=1)
-    """Epoch checkpoints kept; older ones are deleted after a newer one is safely written."""
+    """Step checkpoints kept (best.pt is kept besides them); older ones are deleted only after a newer one is
+    safely written."""
+    checkpoint_every: int | None = Field(None, ge=1)
+    """Also checkpoint every n optimizer steps (mid-epoch); default: at the end of each epoch only."""
+    resume: str = "auto"
+    """'auto': continue from the newest complete checkpoint of this run; 'never': start over (earlier
+    checkpoints are moved to checkpoints/archive-<time>/, not deleted); or the path of a checkpoint to start
+    from (used while this run has none of its own; its model config must match)."""
     eval_batch_size: int = Field(64, ge=1)
     """Samples per rank per evaluation batch."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Autocast precision: auto = bf16 on GPUs that support it (fp16 with a gradient scaler on older ones),
+    fp32 on CPU; bf16 and fp16 may be asked for on CPU too."""
+    accumulate_steps: int = Field(1, ge=1)
+    """Micro-batches per optimizer step; gradients are synchronised only on the last (no_sync on the others),
+    so the effective batch is batch_size x accumulate_steps x ranks."""
+    task_sampling: Literal["all", "weighted"] = "all"
+    """'all': every step trains one batch of every task (every head is used, DDP needs no unused-parameter
+    search); 'weighted': each rank draws one task per micro-step with probability proportional to
+    tasks.<name>.sampling_weight, from (seed, rank, epoch, step), so ranks train different tasks in the same
+    step."""
+    val_every: int | None = Field(None, ge=1)
+    """Validate every n optimizer steps (on every rank's shard, reduced); default: at the end of each epoch."""
+    early_stop_patience: int | None = Field(None, ge=1)
+    """Stop after this many validations in a row without improvement of the summed validation loss; every
+    rank stops at the same step. Default: never stop early."""
+    early_stop_min_delta: float = Field(0.0, ge=0)
+    """A validation loss counts as an improvement only when it is below the best by more than this."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """What a NaN/Inf gradient does (detected after the all-reduce, so every rank agrees): 'stop' exits with
+    an error and keeps the last good checkpoint; 'skip' drops that step's update."""
+    max_skipped_steps: int = Field(10, ge=1)
+    """Non-finite steps in a row tolerated (with on_nonfinite=skip, or fp16's loss scaling) before stopping."""
+
+
+class CompileConfig(Section):
+    enabled: bool | Literal["auto"] = "auto"
+    """torch.compile the DDP-wrapped model: true, false, or auto (on with CUDA; off on CPU, where compiling
+    costs more than it saves at these model sizes)."""
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile mode. Modes that capture CUDA graphs (reduce-overhead, max-autotune) are coerced with a
+    warning to their graph-free variant (default, max-autotune-no-cudagraphs): the model is always wrapped in
+    DDP, and a replayed CUDA graph skips DDP's gradient hooks, so gradients would not be synchronised."""
+    strict: bool = False
+    """Fail when compiling fails; by default the failing code runs eagerly, with a warning."""
 
 
 class DistConfig(Section):
@@ -189,6 +228,8 @@ class Config(Section):
     """The multi-task surrogate."""
     train: TrainConfig = TrainConfig()
     """Optimisation, checkpoints and logging."""
+    compile: CompileConfig = CompileConfig()
+    """torch.compile settings."""
     dist: DistConfig = DistConfig()
     """Launch and process-group settings."""
     run: RunConfig = RunConfig()
@@ -258,7 +299,7 @@ def apply_override(tree: dict, override: str) -> None:
 def _walk(loc: tuple) -> tuple[list[str], list[str]]:
     """Split a pydantic error location into the user's key path and the valid keys at its end.
 
-    Pydantic adds the member of a union type to the location ('train.compile.bool'); those parts are
+    Pydantic adds the member of a union type to the location ('compile.enabled.bool'); those parts are
     not keys the user wrote, so they are dropped.
     """
     node: Any = Config
@@ -281,6 +322,10 @@ def _walk(loc: tuple) -> tuple[list[str], list[str]]:
     return path, []
 
 
+# Keys that moved to another section: an old config gets told where they went.
+_MOVED = {"train.compile": "compile.enabled", "train.compile_mode": "compile.mode"}
+
+
 def _describe(errors: list[dict]) -> list[str]:
     by_path: dict[str, list[dict]] = {}
     lines = []
@@ -291,6 +336,8 @@ def _describe(errors: list[dict]) -> list[str]:
             _, valid = _walk(loc[:-1])
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
             hint = f" (did you mean '{'.'.join(path[:-1] + close)}'?)" if close else ""
+            if ".".join(path) in _MOVED:
+                hint = f" (moved: use '{_MOVED['.'.join(path)]}')"
             lines.append(f"unknown key '{'.'.join(path)}'{hint}")
         elif error["type"] == "missing":
             lines.append(f"missing required key '{'.'.join(_walk(loc)[0])}'")
@@ -370,7 +417,9 @@ _RUNTIME_ONLY = (
     "train.log_every",
     "train.eval_batch_size",
     "train.keep_checkpoints",
-    "train.compile",
+    "train.checkpoint_every",
+    "train.resume",
+    "compile.",
 )
 
 

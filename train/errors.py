@@ -39,6 +39,11 @@ class Preempted(TrainError):
     exit_code = 75
 
 
+# Written into the run folder by rank 0 once a stop request has been honoured with a checkpoint; the
+# launcher then exits 75 whatever torchrun reports.
+PREEMPTED_MARKER = "preempted.json"
+
+
 EXIT_CODES = {
     0: "success",
     1: "unexpected error",

@@ -17,7 +17,7 @@ from train.data.latent import build_latent_cache
 from train.data.sources import SplitFiles, stage_data
 from train.dist.launch import launch, resolve_nproc
 from train.dist.preflight import check_shm_at_launch, doctor
-from train.engine.checkpoint import latest_checkpoint, load_checkpoint
+from train.engine.checkpoint import archive_checkpoints, latest_checkpoint, load_checkpoint
 from train.errors import ConfigError
 from train.model.multitask import TaskSpec, check_specs
 from train.obs.report import report_is_current
@@ -83,7 +83,10 @@ def prepare_run_dir(cfg: Config) -> Path:
 
 def fit_is_done(cfg: Config, run_dir: Path) -> bool:
     path = latest_checkpoint(run_dir / "checkpoints")
-    return path is not None and load_checkpoint(path)["progress"]["epoch"] >= cfg.train.epochs
+    if path is None:
+        return False
+    progress = load_checkpoint(path)["progress"]
+    return progress["early_stopped"] or progress["epoch"] >= cfg.train.epochs
 
 
 def run_stages(
@@ -113,7 +116,10 @@ def run_stages(
     write_json_atomic(run_dir / INPUTS, folders)
     stages = []
     if command in ("run", "fit"):
-        if fit_is_done(cfg, run_dir):
+        if cfg.train.resume == "never":
+            archive_checkpoints(run_dir / "checkpoints")
+            stages.append("fit")
+        elif fit_is_done(cfg, run_dir):
             log.info("fit: %s already holds %d trained epochs", run_dir, cfg.train.epochs)
         else:
             stages.append("fit")

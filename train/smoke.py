@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from train.atomic import write_json_atomic, write_text_atomic
 from train.config import Config, load_config, to_yaml
 from train.dist.env import DistEnv, destroy_distributed, init_distributed, rank_from_environ
-from train.engine.checkpoint import load_checkpoint, save_checkpoint
+from train.engine.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
 from train.errors import DistributedError, TrainError
 from train.obs.log import setup_logging
 
@@ -45,9 +45,21 @@ def expect(ok: bool, message: str) -> None:
         raise SmokeFailure(message)
 
 
+class TinyModel(nn.Module):
+    """A model class of our own, as the trainer's is: torch.compile(DDP(...)) compiles the wrapped module's
+    forward as its own frame, and skips frames of torch's own classes (an nn.Sequential would run eagerly)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = nn.Linear(8, 32), nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(nn.functional.gelu(self.hidden(x)))
+
+
 def tiny_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1))
+    return TinyModel()
 
 
 def check_all_reduce(env: DistEnv) -> str:
@@ -123,33 +135,33 @@ def check_checkpoint(env: DistEnv, state: dict, folder: Path) -> str:
             failed = e
     dist.barrier()
     expect(failed is None, f"saving into {folder} failed: {failed}")
-    loaded = load_checkpoint(folder / "epoch_0000.pt")
+    loaded = load_checkpoint(folder / checkpoint_name(0))
     for name, tensor in model.state_dict().items():
         expect(torch.equal(loaded["model"][name], tensor.cpu()), f"{name} differs after the round trip")
     restored = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     restored.load_state_dict(loaded["optimizer"])
     expect(len(restored.state) == len(opt.state), "the optimizer's momentum buffers were not restored")
-    return f"model and optimizer restored from {folder.name}/epoch_0000.pt"
+    return f"model and optimizer restored from {folder.name}/{checkpoint_name(0)}"
 
 
 def check_compile(env: DistEnv, state: dict) -> str:
-    """One torch.compile (default mode) step under DDP: a graph must really be compiled, and its gradients
-    must equal one process's eager gradients on the whole batch."""
+    """One torch.compile (default mode) step of a DDP-wrapped model, compiled as the trainer does (after
+    wrapping): a graph must really be compiled, and its gradients must equal one process's eager gradients on
+    the whole batch."""
     from torch._dynamo.utils import counters
 
     reference = copy.deepcopy(state["model"]).cpu()
-    # The module is compiled inside DDP: with torch.compile(ddp), PyTorch 2.13 breaks the graph at DDP's
-    # forward and silently runs everything eagerly.
-    compiled = torch.compile(copy.deepcopy(state["model"]), mode="default")
-    ddp = DistributedDataParallel(compiled, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+    module = copy.deepcopy(state["model"])
+    ddp = DistributedDataParallel(module, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+    compiled = torch.compile(ddp, mode="default")
     x, y = _batches(env.world_size)[0]
     mine = slice(env.rank * PER_RANK, (env.rank + 1) * PER_RANK)
     graphs = counters["stats"]["unique_graphs"]
-    nn.functional.mse_loss(ddp(x[mine].to(env.device)), y[mine].to(env.device)).backward()
+    nn.functional.mse_loss(compiled(x[mine].to(env.device)), y[mine].to(env.device)).backward()
     captured = counters["stats"]["unique_graphs"] - graphs
     expect(captured > 0, "torch.compile captured no graph: the step ran eagerly")
     nn.functional.mse_loss(reference(x), y).backward()
-    for (name, p), q in zip(compiled.named_parameters(), reference.parameters(), strict=True):
+    for (name, p), q in zip(module.named_parameters(), reference.parameters(), strict=True):
         got = p.grad.detach().cpu()
         expect(torch.allclose(got, q.grad, **TOLERANCE), f"compiled gradient of {name} differs from eager")
     return f"{captured} graph(s) compiled; gradients equal eager"

@@ -17,13 +17,15 @@ from train.config import load_config
 from train.data.cache import CacheInfo
 from train.data.latent import LatentInfo
 from train.dist.env import DistEnv, destroy_distributed, init_distributed, rank_from_environ
-from train.engine.checkpoint import latest_checkpoint, load_checkpoint
-from train.engine.evaluate import TaskData, evaluate_split
-from train.engine.trainer import Trainer, build_model
-from train.errors import DataError, TrainError
+from train.engine.checkpoint import checkpoint_for_evaluation, load_checkpoint
+from train.engine.evaluate import TaskData, evaluate_split, example_prediction
+from train.engine.loaders import build_model
+from train.engine.trainer import Trainer
+from train.errors import PREEMPTED_MARKER, DataError, Preempted, TrainError
 from train.model.multitask import TaskSpec
-from train.obs.log import MetricsWriter, setup_logging
+from train.obs.log import setup_logging
 from train.obs.report import write_report
+from train.obs.sinks import MetricSinks
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +55,20 @@ def load_tasks(run_dir: Path, cfg) -> list[TaskData]:
 
 
 def evaluate(cfg, env: DistEnv, tasks: list[TaskData], run_dir: Path) -> None:
-    path = latest_checkpoint(run_dir / "checkpoints")
+    path = checkpoint_for_evaluation(run_dir / "checkpoints")
     if path is None:
         raise DataError(f"no checkpoint in {run_dir / 'checkpoints'} to evaluate; train first (python -m train fit)")
     model = build_model(cfg, tasks, env.device)
     model.load_state_dict(load_checkpoint(path)["model"])
     results = evaluate_split(model, tasks, env, "test", cfg.train.eval_batch_size)
     for name, r in results.items():
-        log.info("test %s: nRMSE %.4g (baseline %.4g), RMSE %.4g", name, r["nrmse"], r["baseline_nrmse"], r["rmse"])
+        log.info(
+            "test %s: nRMSE %.4g (baseline %.4g), RMSE %.4g, cRMSE %.4g, bRMSE %.4g, max error %.4g",
+            name, r["nrmse"], r["baseline_nrmse"], r["rmse"], r["crmse"], r["brmse"], r["max_error"],
+        )  # fmt: skip
     if env.is_main:
-        write_report(run_dir, results, path, {t.name: t.info.splits for t in tasks})
+        examples = {t.name: example_prediction(model, t, "test") for t in tasks if t.info.sizes["test"]}
+        write_report(run_dir, results, path, {t.name: t.info.splits for t in tasks}, examples)
         log.info("report written to %s", run_dir / "report")
 
 
@@ -75,8 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.run_dir / "config.yaml")
     rank = rank_from_environ()
     setup_logging(f"rank{rank}", args.run_dir / "logs" / f"rank{rank}.log", console=rank == 0)
-    metrics = MetricsWriter(args.run_dir / "metrics.jsonl" if rank == 0 else None)
+    metrics = MetricSinks(args.run_dir if rank == 0 else None)
     try:
+        if (args.run_dir / PREEMPTED_MARKER).is_file():
+            # The launcher removes the marker before it starts the ranks: this is torchrun restarting a group
+            # that stopped for a signal, which must stay stopped.
+            raise Preempted(f"{args.run_dir} was stopped by a signal in this launch; re-run to resume")
         env = DistEnv.from_environ(cfg.dist.backend, cfg.dist.backend_fallback)
         env = init_distributed(env, cfg.dist.timeout_s, cfg.dist.backend_fallback)
         tasks = load_tasks(args.run_dir, cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,8 +56,8 @@ def test_two_nodes_on_one_machine_meet_through_the_c10d_rendezvous(tmp_path):
 
 
 def test_a_signal_to_the_launcher_reaches_the_ranks_and_sets_the_exit_code(tmp_path):
-    """SLURM's SIGUSR1 before the time limit: the launcher forwards it to every rank (which, without a handler
-    of their own, stop) and exits 128+10 naming the signal."""
+    """SLURM's SIGUSR1 before the time limit, to the launcher alone: it forwards the signal to every rank, the
+    ranks agree on a step, rank 0 checkpoints there, and the job exits 75 ("resume me")."""
     import signal
 
     args = ["run", "--config", "configs/tiny.yaml", "--nproc", "2", "--set", "train.steps_per_epoch=100000"]
@@ -74,5 +75,7 @@ def test_a_signal_to_the_launcher_reaches_the_ranks_and_sets_the_exit_code(tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 128 + signal.SIGUSR1, stderr[-3000:]
-    assert "stopped by SIGUSR1" in stderr and "dist.shutdown_timeout_s" in stderr
+    assert proc.returncode == 75, stderr[-3000:]
+    assert "stopped by SIGUSR1" in stderr and "re-run the same command to resume" in stderr
+    step = json.loads((tmp_path / "runs" / "tiny" / "preempted.json").read_text())["global_step"]
+    assert (tmp_path / "runs" / "tiny" / "checkpoints" / f"step_{step:08d}.pt").is_file()

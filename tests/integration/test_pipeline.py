@@ -33,12 +33,19 @@ def test_run_writes_the_run_folder_contract(trained):
     assert config["run"]["name"] == "tiny" and set(config["tasks"]) == {"advection1d", "darcy2d"}
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if "loss" in r]
-    assert train_records and all(
-        {"step", "loss", "loss/advection1d", "loss/darcy2d", "lr"} <= r.keys() for r in train_records
-    )
+    fields = {"step", "loss", "loss/advection1d", "loss/darcy2d", "lr", "samples_per_s", "step_time_s", "data_wait"}
+    assert train_records and all(fields | {"rss_mib", "shm_used_mib"} <= r.keys() for r in train_records)
+    assert all(0 <= r["data_wait"] <= 1 and r["samples_per_s"] > 0 and r["rss_mib"] > 50 for r in train_records)
+    assert train_records[0]["launch_to_first_step_s"] > 0
     assert [r["step"] for r in train_records] == sorted(r["step"] for r in train_records)
-    assert any("val/darcy2d" in r for r in records)
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch_0001.pt", "epoch_0002.pt"]
+    assert any("val/darcy2d" in r and "val/loss" in r for r in records)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "best.pt",
+        "step_00000005.pt",
+        "step_00000010.pt",
+    ]
+    events = list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 500
     assert {"rank0.log", "rank1.log"} <= {p.name for p in (run / "logs").iterdir()}
     assert "training" in (run / "logs" / "rank1.log").read_text()
     summary = json.loads((run / "report" / "summary.json").read_text())
@@ -46,8 +53,11 @@ def test_run_writes_the_run_folder_contract(trained):
     for scores in summary.values():
         for key in ("nrmse", "rmse", "baseline_nrmse"):
             assert math.isfinite(scores[key]) and scores[key] > 0
+        assert {"crmse", "brmse", "max_error", "frmse_low", "frmse_mid", "frmse_high"} <= scores.keys()
     md = (run / "report" / "summary.md").read_text()
     assert "advection1d" in md and "darcy2d" in md
+    for png in ("loss.png", "field_advection1d.png", "field_darcy2d.png"):
+        assert (run / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({png})" in md
     assert not list(tmp.rglob("*.tmp")), "temporary files left behind"
 
 
@@ -71,7 +81,8 @@ def test_a_run_folder_belongs_to_one_config(trained):
     more = ["--set", "train.epochs=3", "--set", "train.num_workers=2", "--run", "tiny_more"]
     proc = run_cli("fit", *TINY, *folders(tmp), *more)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert len(list((tmp / "runs" / "tiny_more" / "checkpoints").iterdir())) == 2  # keep_checkpoints
+    kept = sorted(p.name for p in (tmp / "runs" / "tiny_more" / "checkpoints").iterdir())
+    assert kept == ["best.pt", "step_00000010.pt", "step_00000015.pt"]  # keep_checkpoints=2, plus the best
     # The same name with other training settings must refuse: its checkpoints belong to the old config.
     proc = run_cli("fit", *TINY, *folders(tmp), "--set", "train.epochs=3")
     assert proc.returncode == 2
@@ -82,13 +93,13 @@ def test_an_interrupted_run_resumes_from_its_newest_checkpoint(trained):
     tmp, _ = trained
     # The state a crash during epoch 2 leaves behind: epoch 1's checkpoint, no report.
     shutil.copytree(tmp / "runs" / "tiny", tmp / "runs" / "tiny_resume")
-    (tmp / "runs" / "tiny_resume" / "checkpoints" / "epoch_0002.pt").unlink()
+    (tmp / "runs" / "tiny_resume" / "checkpoints" / "step_00000010.pt").unlink()
     shutil.rmtree(tmp / "runs" / "tiny_resume" / "report")
     proc = run_cli("run", *TINY, *folders(tmp), "--run", "tiny_resume")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "resumed from" in proc.stderr and "(epoch 1, step 5)" in proc.stderr
-    assert "epoch 1 validation" not in proc.stderr and "epoch 2 validation" in proc.stderr
-    assert (tmp / "runs" / "tiny_resume" / "checkpoints" / "epoch_0002.pt").is_file()
+    assert "resumed from" in proc.stderr and "(epoch 1, step 0 of the epoch, global step 5)" in proc.stderr
+    assert "validation at step 5" not in proc.stderr and "validation at step 10" in proc.stderr
+    assert (tmp / "runs" / "tiny_resume" / "checkpoints" / "step_00000010.pt").is_file()
     assert (tmp / "runs" / "tiny_resume" / "report" / "summary.json").is_file()
 
 
@@ -111,14 +122,14 @@ def test_single_process_run(tmp_path):
 
 def test_latent_cache_run_trains_around_a_frozen_encoder(trained):
     tmp, _ = trained
-    encoder = tmp / "runs" / "tiny" / "checkpoints" / "epoch_0002.pt"
+    encoder = tmp / "runs" / "tiny" / "checkpoints" / "step_00000010.pt"
     latent_args = [f"--set=tasks.{name}.latent_encoder={encoder}" for name in ("advection1d", "darcy2d")]
     proc = run_cli("run", *TINY, *folders(tmp), "--run", "latent", *latent_args)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for name in ("advection1d", "darcy2d"):
         assert len(list((tmp / "cache" / name).glob("latent-*"))) == 1
     before = torch.load(encoder, weights_only=True)["model"]
-    after = torch.load(tmp / "runs" / "latent" / "checkpoints" / "epoch_0002.pt", weights_only=True)["model"]
+    after = torch.load(tmp / "runs" / "latent" / "checkpoints" / "step_00000010.pt", weights_only=True)["model"]
     for name in ("advection1d", "darcy2d"):
         for part in ("encode.weight", "encode.bias", "position"):
             assert torch.equal(after[f"codecs.{name}.{part}"], before[f"codecs.{name}.{part}"]), part

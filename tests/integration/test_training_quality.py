@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -22,10 +23,12 @@ def test_default_config_beats_the_trivial_baselines(tmp_path):
 
 def test_compiled_ddp_training_with_reduce_overhead_coerced_to_default(tmp_path):
     proc = run_cli(
-        "run", "--config", "configs/tiny.yaml", "--nproc", "2", "--set", "train.compile=true",
-        "--set", "train.compile_mode=reduce-overhead", *folders(tmp_path),
+        "run", "--config", "configs/tiny.yaml", "--nproc", "2", "--set", "compile.enabled=true",
+        "--set", "compile.mode=reduce-overhead", *folders(tmp_path),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "reduce-overhead uses CUDA graphs" in proc.stderr
-    assert "torch.compile(mode=default)" in proc.stderr
+    assert "compile.mode=reduce-overhead captures CUDA graphs" in proc.stderr
+    assert "torch.compile(mode=default) of the DDP model" in proc.stderr
+    graphs = re.search(r"torch.compile: (\d+) graph\(s\) compiled", proc.stderr)
+    assert graphs and int(graphs.group(1)) > 0, "the compiled model ran eagerly"
     assert (tmp_path / "runs" / "tiny" / "report" / "summary.json").is_file()

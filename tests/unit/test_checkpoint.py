@@ -13,14 +13,20 @@ import torch
 from train.atomic import atomic_path, write_json_atomic, write_text_atomic
 from train.config import ModelConfig, load_config
 from train.engine.checkpoint import (
+    BEST,
+    archive_checkpoints,
+    checkpoint_for_evaluation,
     checkpoint_name,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    model_differences,
+    resume_source,
+    save_best,
     save_checkpoint,
 )
 from train.engine.trainer import warmup_cosine
-from train.errors import DataError
+from train.errors import ConfigError, DataError
 from train.model.multitask import MultiTaskSurrogate, TaskSpec
 
 
@@ -52,29 +58,29 @@ def trainer_like_state(repo, epoch=3):
 
 # -------------------------------------------------------------------------------------------- names
 def test_checkpoint_name():
-    assert checkpoint_name(3) == "epoch_0003.pt"
-    assert checkpoint_name(12345) == "epoch_12345.pt"
+    assert checkpoint_name(3) == "step_00000003.pt"
+    assert checkpoint_name(123456789) == "step_123456789.pt"
 
 
 def test_list_checkpoints_sorts_numerically_and_ignores_others(tmp_path):
     for name in (
-        "epoch_0010.pt",
-        "epoch_0009.pt",
-        "epoch_0002.pt",
-        "epoch_10000.pt",
-        ".epoch_0011.pt.abc123.tmp",  # an interrupted atomic save
-        "epoch_0011.pt.tmp",
-        "epoch_12.pt",  # fewer than 4 digits: not ours
-        "epoch_0003.pth",
-        "latest.pt",
+        "step_00000010.pt",
+        "step_00000009.pt",
+        "step_00000002.pt",
+        "step_100000000.pt",
+        ".step_00000011.pt.abc123.tmp",  # an interrupted atomic save
+        "step_00000011.pt.tmp",
+        "step_12.pt",  # fewer than 8 digits: not ours
+        "step_00000003.pth",
+        "best.pt",  # the best checkpoint is found by name, never as "the newest"
         "notes.txt",
-        "xepoch_0004.pt",
+        "xstep_00000004.pt",
     ):
         (tmp_path / name).write_bytes(b"x")
-    (tmp_path / "epoch_0099.pt.d").mkdir()
+    (tmp_path / "step_00000099.pt.d").mkdir()
     found = list_checkpoints(tmp_path)
-    assert names(found) == ["epoch_0002.pt", "epoch_0009.pt", "epoch_0010.pt", "epoch_10000.pt"]
-    assert latest_checkpoint(tmp_path) == tmp_path / "epoch_10000.pt"
+    assert names(found) == ["step_00000002.pt", "step_00000009.pt", "step_00000010.pt", "step_100000000.pt"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_100000000.pt"
 
 
 def test_list_checkpoints_of_missing_or_empty_folder(tmp_path):
@@ -101,9 +107,9 @@ def test_save_keeps_the_last_k(tmp_path, keep):
 
 
 def test_keep_counts_numerically_across_digit_widths(tmp_path):
-    for epoch in (9998, 9999, 10000, 10001):
-        save_checkpoint(tmp_path, epoch, {"e": epoch}, keep=2)
-    assert names(list_checkpoints(tmp_path)) == ["epoch_10000.pt", "epoch_10001.pt"]
+    for step in (99999998, 99999999, 100000000, 100000001):
+        save_checkpoint(tmp_path, step, {"e": step}, keep=2)
+    assert names(list_checkpoints(tmp_path)) == ["step_100000000.pt", "step_100000001.pt"]
 
 
 def test_save_does_not_touch_other_files(tmp_path):
@@ -149,7 +155,7 @@ def test_load_maps_to_cpu(tmp_path):
     [b"", b"garbage, not a zip file", b"PK\x03\x04 truncated zip"],
 )
 def test_unreadable_checkpoint_is_a_data_error(tmp_path, content):
-    path = tmp_path / "epoch_0003.pt"
+    path = tmp_path / "step_00000003.pt"
     path.write_bytes(content)
     with pytest.raises(DataError) as e:
         load_checkpoint(path)
@@ -170,7 +176,7 @@ class _NotAllowed:
 
 
 def test_checkpoint_with_arbitrary_objects_is_refused(tmp_path):
-    path = tmp_path / "epoch_0001.pt"
+    path = tmp_path / "step_00000001.pt"
     torch.save({"obj": _NotAllowed()}, path)
     with pytest.raises(DataError, match=re.escape(str(path))):
         load_checkpoint(path)
@@ -216,9 +222,9 @@ def test_atomic_save_failure_keeps_previous_checkpoints(tmp_path):
     save_checkpoint(tmp_path, 1, {"e": 1}, keep=2)
     with pytest.raises(Exception):  # noqa: B017 - whatever torch raises for an unpicklable object
         save_checkpoint(tmp_path, 2, {"bad": lambda: None}, keep=2)
-    assert names(list_checkpoints(tmp_path)) == ["epoch_0001.pt"]
-    assert [p.name for p in tmp_path.iterdir()] == ["epoch_0001.pt"]
-    assert load_checkpoint(tmp_path / "epoch_0001.pt") == {"e": 1}
+    assert names(list_checkpoints(tmp_path)) == ["step_00000001.pt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000001.pt"]
+    assert load_checkpoint(tmp_path / "step_00000001.pt") == {"e": 1}
 
 
 def test_write_json_atomic(tmp_path):
@@ -259,3 +265,61 @@ def test_atomic_write_follows_the_umask(tmp_path):
     plain = stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode)
     assert plain == 0o644
     assert stat.S_IMODE((tmp_path / "atomic.txt").stat().st_mode) == plain
+
+
+# ------------------------------------------------------------------------------------ resume policy
+def test_resume_auto_takes_the_newest_and_never_takes_none(tmp_path):
+    assert resume_source("auto", tmp_path) is None
+    for step in (4, 8):
+        save_checkpoint(tmp_path, step, {"s": step}, keep=3)
+    save_best(tmp_path, {"s": 4})
+    assert resume_source("auto", tmp_path) == tmp_path / checkpoint_name(8)
+    assert resume_source("never", tmp_path) is None
+
+
+def test_resume_from_a_path_only_until_the_run_has_its_own(tmp_path):
+    other = save_checkpoint(tmp_path / "other", 5, {"s": 5}, keep=1)
+    own = tmp_path / "own"
+    assert resume_source(str(other), own) == other
+    save_checkpoint(own, 2, {"s": 2}, keep=1)
+    assert resume_source(str(other), own) == own / checkpoint_name(2)
+
+
+def test_resume_from_a_missing_path_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"train.resume=.*nope.pt: no such checkpoint"):
+        resume_source(str(tmp_path / "nope.pt"), tmp_path / "own")
+
+
+def test_archive_moves_every_checkpoint_and_keeps_their_content(tmp_path):
+    assert archive_checkpoints(tmp_path) is None
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, {"s": step}, keep=2)
+    save_best(tmp_path, {"s": 1})
+    archive = archive_checkpoints(tmp_path)
+    assert list_checkpoints(tmp_path) == [] and not (tmp_path / BEST).exists()
+    assert sorted(p.name for p in archive.iterdir()) == [BEST, checkpoint_name(1), checkpoint_name(2)]
+    assert load_checkpoint(archive / checkpoint_name(2)) == {"s": 2}
+
+
+def test_evaluation_prefers_the_best_checkpoint(tmp_path):
+    assert checkpoint_for_evaluation(tmp_path) is None
+    save_checkpoint(tmp_path, 3, {"s": 3}, keep=1)
+    assert checkpoint_for_evaluation(tmp_path) == tmp_path / checkpoint_name(3)
+    save_best(tmp_path, {"s": 2})
+    assert checkpoint_for_evaluation(tmp_path) == tmp_path / BEST
+
+
+def test_model_differences_name_every_differing_key(repo):
+    state = trainer_like_state(repo)
+    same = model_differences(state, state["config"]["model"], state["specs"])
+    assert same == []
+    model = {**state["config"]["model"], "d_model": 64, "n_layers": 7}
+    spec = {**state["specs"]["adv"], "patch_size": 8}
+    found = model_differences(state, model, {"adv": spec, "extra": spec})
+    assert [f.split(" ")[0] for f in found] == [
+        "model.d_model",
+        "model.n_layers",
+        "tasks.adv.patch_size",
+        "tasks.extra",
+    ]
+    assert "(4 there, 8 here)" in found[2]

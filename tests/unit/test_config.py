@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from train.config import (
+    CompileConfig,
     Config,
     DistConfig,
     ModelConfig,
@@ -92,7 +93,8 @@ def test_empty_file_is_defaults_only(tmp_path):
 def test_yaml_file_overrides_defaults(tmp_path):
     path = _write(
         tmp_path / "c.yaml",
-        MINIMAL + "model:\n  d_model: 64\n  n_heads: 8\ntrain:\n  epochs: 7\n  lr: 2.0e-4\n  compile: false\n",
+        MINIMAL
+        + "model:\n  d_model: 64\n  n_heads: 8\ntrain:\n  epochs: 7\n  lr: 2.0e-4\ncompile:\n  enabled: false\n",
     )
     cfg = load_config(path)
     assert cfg.model.d_model == 64
@@ -100,20 +102,20 @@ def test_yaml_file_overrides_defaults(tmp_path):
     assert cfg.model.n_layers == ModelConfig().n_layers
     assert cfg.train.epochs == 7
     assert cfg.train.lr == 2e-4
-    assert cfg.train.compile is False
+    assert cfg.compile.enabled is False
 
 
 def test_set_overrides_win_over_the_file(minimal):
     cfg = load_config(
         minimal,
-        ["train.lr=5e-4", "train.epochs=3", "tasks.adv.batch_size=2", "train.compile=true", "tasks.new.pde=cfd1d"],
+        ["train.lr=5e-4", "train.epochs=3", "tasks.adv.batch_size=2", "compile.enabled=true", "tasks.new.pde=cfd1d"],
     )
     assert cfg.train.lr == 5e-4
     assert isinstance(cfg.train.lr, float)
     assert cfg.train.epochs == 3
     assert cfg.tasks["adv"].batch_size == 2
     assert cfg.tasks["adv"].pde == "advection1d"  # siblings of an overridden key stay
-    assert cfg.train.compile is True
+    assert cfg.compile.enabled is True
     assert cfg.tasks["new"].pde == "cfd1d"
     assert list(cfg.tasks) == ["adv", "darcy", "new"]
 
@@ -202,6 +204,12 @@ def test_unknown_key_names_full_path_and_nearest_key(minimal, override, bad, sug
     assert e.value.exit_code == 2
 
 
+@pytest.mark.parametrize(("old", "new"), [("train.compile", "compile.enabled"), ("train.compile_mode", "compile.mode")])
+def test_moved_key_says_where_it_went(minimal, old, new):
+    with pytest.raises(ConfigError, match=rf"unknown key '{old}' \(moved: use '{new}'\)"):
+        load_config(minimal, [f"{old}=default"])
+
+
 def test_unknown_key_without_a_close_match_has_no_suggestion(minimal):
     with pytest.raises(ConfigError) as e:
         load_config(minimal, ["train.zzzzqqq=1"])
@@ -222,7 +230,7 @@ def test_unknown_section_in_file(tmp_path):
         ("train.epochs=2.5", "train.epochs"),
         ("train.epochs=true", "train.epochs"),  # strict: a bool is not an int
         ("tasks.adv.batch_size=x", "tasks.adv.batch_size"),
-        ("train.compile=maybe", "train.compile"),  # a union: the key, not 'train.compile.bool'
+        ("compile.enabled=maybe", "compile.enabled"),  # a union: the key, not 'compile.enabled.bool'
         ("model.dropout=high", "model.dropout"),
         ("tasks.darcy.pde=heat", "tasks.darcy.pde"),
         ("run.name=3", "run.name"),
@@ -388,7 +396,7 @@ def test_training_differences_report_added_task(minimal):
 def test_to_yaml_round_trips(tmp_path, minimal):
     cfg = load_config(
         minimal,
-        ["train.lr=2.5e-4", "train.weight_decay=1e-10", "train.compile=false", "dist.nproc=3", "tasks.adv.seed=7"],
+        ["train.lr=2.5e-4", "train.weight_decay=1e-10", "compile.enabled=false", "dist.nproc=3", "tasks.adv.seed=7"],
         run_name="named",
     )
     text = to_yaml(cfg)
@@ -409,7 +417,7 @@ def test_to_yaml_round_trips_shipped_configs(tmp_path, repo):
 # --------------------------------------------------------------------------------------- documentation
 def test_every_field_is_documented():
     sections = set(Section.__subclasses__())
-    assert sections == {TaskConfig, ModelConfig, TrainConfig, DistConfig, RunConfig, SlurmConfig, Config}
+    assert sections == {TaskConfig, ModelConfig, TrainConfig, CompileConfig, DistConfig, RunConfig, SlurmConfig, Config}
     for section in sections:
         assert section.model_fields, section
         for name, field in section.model_fields.items():

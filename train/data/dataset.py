@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import random
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -106,11 +107,15 @@ class LatentDataset:
 
 
 def seed_worker(seed: int, rank: int, worker_id: int) -> None:
-    """Seed a DataLoader worker's generators from (seed, rank, worker).
+    """Seed a DataLoader worker's generators from (seed, rank, worker), and make it ignore stop signals.
 
     Without it, numpy's global generator is copied into every forked worker in the same state, so random
     augmentations repeat across workers and ranks; with it they differ, and repeat from run to run.
     """
+    # The rank stops its workers itself; a SIGTERM sent to the whole process group (docker stop, SLURM) must
+    # not kill them under it before it has saved its checkpoint.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     state = np.random.SeedSequence([seed, rank, worker_id]).generate_state(2)
     np.random.seed(int(state[0]))
     random.seed(int(state[1]))
@@ -140,13 +145,16 @@ class EqualBatchSampler:
         assert n_items > 0 and 0 <= rank < world_size
         self.n_items, self.batch_size, self.steps = n_items, batch_size, steps
         self.rank, self.world_size, self.seed, self.stream = rank, world_size, seed, stream
-        self.epoch = 0
+        self.epoch, self.start, self.stop = 0, 0, steps
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start: int = 0, stop: int | None = None) -> None:
+        """Yield batches ``start..stop`` of epoch ``epoch``: a resumed run skips the ones already trained."""
+        stop = self.steps if stop is None else stop
+        assert 0 <= start <= stop <= self.steps, (start, stop, self.steps)
+        self.epoch, self.start, self.stop = epoch, start, stop
 
     def __len__(self) -> int:
-        return self.steps
+        return self.stop - self.start
 
     def __iter__(self) -> Iterator[list[int]]:
         rng = np.random.default_rng([self.seed, self.stream, self.epoch])
@@ -155,7 +163,7 @@ class EqualBatchSampler:
         order = np.concatenate([rng.permutation(self.n_items) for _ in range(passes)])[:needed]
         batches = order.reshape(self.steps, self.world_size, self.batch_size)[:, self.rank]
         # Sorted indices read the memory map front to back; order inside a batch does not matter.
-        for batch in batches:
+        for batch in batches[self.start : self.stop]:
             yield np.sort(batch).tolist()
 
 

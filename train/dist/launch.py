@@ -11,13 +11,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 from train.config import Config
 from train.dist.topology import Topology, nproc_for, topology_from_environ
-from train.errors import DistributedError, Preempted, PreflightError, TrainError
+from train.errors import PREEMPTED_MARKER, DistributedError, Preempted, PreflightError, TrainError
 from train.obs.log import debug_enabled, redacted_environ
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,6 @@ TIMEOUT_HINT = (
 # Signals the agent forwards to the ranks (then waits dist.shutdown_timeout_s before SIGKILL): USR1 is what
 # SLURM sends before the time limit (--signal=B:USR1@...), so the ranks can checkpoint.
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1")
-# Written by rank 0 once a stop request has been honoured with a checkpoint: the launcher exits 75.
-PREEMPTED_MARKER = "preempted.json"
 
 
 def resolve_nproc(requested: str | int | None, cfg: Config) -> int:
@@ -66,9 +65,23 @@ class WorkerFailure(TrainError):
 
 
 def torchrun_argv(
-    topology: Topology, nproc: int, cfg: Config, log_dir: Path, module: str, args: list[str], debug: bool
+    topology: Topology,
+    nproc: int,
+    cfg: Config,
+    log_dir: Path,
+    module: str,
+    args: list[str],
+    debug: bool,
+    live_console: bool = False,
 ) -> list[str]:
-    """The torchrun command line: standalone on one node, c10d rendezvous on the first node across several."""
+    """The torchrun command line: standalone on one node, c10d rendezvous on the first node across several.
+
+    ``live_console``: the launcher's stderr is a terminal; local rank 0 then writes its stderr straight to it
+    (its progress bar redraws in place, which a line-by-line tee cannot show) and tees only its stdout.
+    """
+    tee = "3"
+    if live_console and not debug:
+        tee = ",".join(["0:1", *(f"{i}:3" for i in range(1, nproc))])
     if topology.multi_node:
         where = [
             f"--nnodes={topology.nnodes}",  # c10d hands out ranks in arrival order: no --node-rank
@@ -84,7 +97,7 @@ def torchrun_argv(
         f"--nproc-per-node={nproc}",
         f"--max-restarts={cfg.dist.max_restarts}",
         f"--log-dir={log_dir}",
-        "--tee=3",  # every rank's stdout/stderr (native crashes, NCCL) into its own file, and to the console
+        f"--tee={tee}",  # every rank's stdout/stderr (native crashes, NCCL) into its own file, and to the console
         *([] if debug else ["--local-ranks-filter=0"]),
         f"--signals-to-handle={','.join(FORWARDED_SIGNALS)}",
         f"--shutdown-timeout={cfg.dist.shutdown_timeout_s}",
@@ -188,7 +201,10 @@ def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str], modul
             os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"
         (run_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)
         log.debug("environment: %s", redacted_environ(os.environ))
-    argv = torchrun_argv(topology, nproc, cfg, run_dir / "logs" / "torchrun", module, worker_args, debug)
+    live = sys.stderr.isatty()
+    os.environ["TRAIN_PROGRESS"] = "live" if live and not debug else "lines"
+    os.environ["TRAIN_LAUNCH_TIME"] = repr(time.time())
+    argv = torchrun_argv(topology, nproc, cfg, run_dir / "logs" / "torchrun", module, worker_args, debug, live)
     where = f"node {topology.node_rank} of {topology.nnodes} ({topology.source})" if topology.multi_node else "1 node"
     log.info("launching %d rank(s) on %s: torchrun %s", nproc, where, " ".join(argv))
     (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
@@ -197,6 +213,8 @@ def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str], modul
     try:
         run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
+        if (run_dir / PREEMPTED_MARKER).is_file() and all(f.exitcode == Preempted.exit_code for f in e.failures.values()):
+            raise Preempted(f"stopped by a signal, checkpoint saved in {run_dir}; re-run the same command to resume")
         failures = sorted(e.failures.items(), key=lambda item: (_blame_order(item[1]), item[1].timestamp, item[0]))
         lines = [describe_failure(rank, failure) for rank, failure in failures]
         summary = "training failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run_dir / 'logs'}"

@@ -1,37 +1,50 @@
-"""Checkpoints: atomic files of named components, newest complete one found by name, the last k kept."""
+"""Checkpoints: atomic files of named components, found by name, the last k kept plus the best one.
+
+A checkpoint is ``step_NNNNNNNN.pt`` (the optimizer steps done) or ``best.pt`` (the best validation so far).
+Files are written to a temporary name and renamed, so a name that matches is always complete; older files
+are deleted only after a newer one is safely on disk.
+"""
 
 from __future__ import annotations
 
 import logging
 import re
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from train.atomic import atomic_path
-from train.errors import DataError
+from train.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^epoch_(\d{4,})\.pt$")
+_NAME = re.compile(r"^step_(\d{8,})\.pt$")
+BEST = "best.pt"
 
 
-def checkpoint_name(epoch: int) -> str:
-    return f"epoch_{epoch:04d}.pt"
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:08d}.pt"
 
 
 def list_checkpoints(folder: Path) -> list[Path]:
-    """Complete checkpoints, oldest first. Temporary files of an interrupted save never match the pattern."""
+    """Complete step checkpoints, oldest first. Temporary files of an interrupted save never match the pattern."""
     if not folder.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
     return [p for _, p in sorted(found)]
 
 
-def save_checkpoint(folder: Path, epoch: int, state: dict[str, Any], keep: int) -> Path:
-    """Write ``state`` atomically as epoch_NNNN.pt, then delete all but the newest ``keep``."""
-    final = folder / checkpoint_name(epoch)
+def latest_checkpoint(folder: Path) -> Path | None:
+    found = list_checkpoints(folder)
+    return found[-1] if found else None
+
+
+def save_checkpoint(folder: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write ``state`` atomically as step_NNNNNNNN.pt, then delete all but the newest ``keep``."""
+    final = folder / checkpoint_name(step)
     with atomic_path(final) as tmp:
         torch.save(state, tmp)
     for old in list_checkpoints(folder)[:-keep]:
@@ -40,7 +53,15 @@ def save_checkpoint(folder: Path, epoch: int, state: dict[str, Any], keep: int) 
     return final
 
 
+def save_best(folder: Path, state: dict[str, Any]) -> Path:
+    final = folder / BEST
+    with atomic_path(final) as tmp:
+        torch.save(state, tmp)
+    return final
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load with ``weights_only=True``: a checkpoint is data, never code to run."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # any unreadable file gets the same advice
@@ -49,6 +70,62 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         ) from None
 
 
-def latest_checkpoint(folder: Path) -> Path | None:
-    found = list_checkpoints(folder)
-    return found[-1] if found else None
+def checkpoint_for_evaluation(folder: Path) -> Path | None:
+    """The best checkpoint when validation chose one, else the newest."""
+    best = folder / BEST
+    return best if best.is_file() else latest_checkpoint(folder)
+
+
+def archive_checkpoints(folder: Path) -> Path | None:
+    """Move every checkpoint into checkpoints/archive-<UTC time>/ (resume=never): a fresh start loses nothing."""
+    files = [*list_checkpoints(folder), *([folder / BEST] if (folder / BEST).is_file() else [])]
+    if not files:
+        return None
+    archive = folder / time.strftime("archive-%Y%m%dT%H%M%SZ", time.gmtime())
+    archive.mkdir()
+    for path in files:
+        shutil.move(path, archive / path.name)
+    log.warning("train.resume=never: %d earlier checkpoint(s) moved to %s", len(files), archive)
+    return archive
+
+
+def resume_source(policy: str, folder: Path) -> Path | None:
+    """The checkpoint to continue from under ``train.resume`` (auto, never, or a path); None: start fresh.
+
+    A path is used only while this run has no checkpoint of its own: after a restart or a preemption the run
+    continues from its own newest checkpoint, not from the starting point again.
+    """
+    own = latest_checkpoint(folder)
+    if policy == "auto":
+        return own
+    if policy == "never":
+        return None
+    path = Path(policy)
+    if own is not None:
+        log.info("train.resume=%s ignored: this run continues from its own checkpoint %s", policy, own.name)
+        return own
+    if not path.is_file():
+        raise ConfigError(
+            f"train.resume={policy}: no such checkpoint file; use auto, never or the path of a .pt checkpoint"
+        )
+    return path
+
+
+def model_differences(saved: dict[str, Any], model_cfg: dict[str, Any], specs: dict[str, dict]) -> list[str]:
+    """Keys under which a checkpoint's model (its model config and task shapes) differs from this run's."""
+    differences = []
+    saved_model = saved.get("config", {}).get("model", {})
+    for key in sorted(set(saved_model) | set(model_cfg)):
+        if saved_model.get(key) != model_cfg.get(key):
+            differences.append(f"model.{key} ({saved_model.get(key)!r} there, {model_cfg.get(key)!r} here)")
+    saved_specs = saved.get("specs", {})
+    for task in sorted(set(saved_specs) | set(specs)):
+        if task not in saved_specs or task not in specs:
+            where = "only in the checkpoint" if task in saved_specs else "not in the checkpoint"
+            differences.append(f"tasks.{task} ({where})")
+            continue
+        for key in sorted(set(saved_specs[task]) | set(specs[task])):
+            a, b = saved_specs[task].get(key), specs[task].get(key)
+            if a != b and not (isinstance(a, list | tuple) and isinstance(b, list | tuple) and list(a) == list(b)):
+                differences.append(f"tasks.{task}.{key} ({a!r} there, {b!r} here)")
+    return differences

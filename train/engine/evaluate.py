@@ -1,8 +1,8 @@
 """Distributed evaluation: each rank scores its shard of a split, the sums are reduced across ranks.
 
 Autoregressive tasks roll out from their first ``initial_step`` frames to the last frame; the metrics
-cover the predicted frames only, in physical units. Baselines: repeating the last input frame
-(autoregressive) and the training set's mean field (steady).
+(every PDEBench metric, train/engine/metrics.py) cover the predicted frames only, in physical units.
+Baselines: repeating the last input frame (autoregressive) and the training set's mean field (steady).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from train.data.cache import CacheInfo
 from train.data.dataset import training_dataset
 from train.data.latent import LatentInfo
 from train.dist.env import DistEnv, all_reduce_sum
-from train.engine.metrics import error_sums, finish
+from train.engine.metrics import ErrorSums, error_sums, finish
+from train.errors import DataError
 from train.model.multitask import TaskSpec
 
 
@@ -62,16 +63,16 @@ def rollout(model: nn.Module, task: TaskData, trajectories: torch.Tensor) -> tor
 def evaluate_split(
     model: nn.Module, tasks: list[TaskData], env: DistEnv, split: str, batch_size: int
 ) -> dict[str, dict[str, float]]:
-    """PDEBench nRMSE and RMSE of the model and of the trivial baseline, per task, over all ranks."""
+    """Every PDEBench metric (metrics.KEYS) of the model and, as ``baseline_<metric>``, of the trivial
+    baseline, plus ``n_samples``, per task, over all ranks (the same numbers on every rank)."""
     was_training = model.training
     model.eval()
     results = {}
     for task in tasks:
-        sums = torch.zeros(3, dtype=torch.float64)
-        base = torch.zeros(3, dtype=torch.float64)
         if task.spec.autoregressive:
             data = task.info.array(split)
             k = task.spec.initial_step
+            sums = base = ErrorSums.zeros(data.shape[1] - k, tuple(data.shape[2:-1]), data.shape[-1])
             for idx in _shard(len(data), env, batch_size):
                 traj = torch.from_numpy(np.ascontiguousarray(data[idx])).to(env.device)
                 target = task.denormalise_target(traj[:, k:])
@@ -80,6 +81,7 @@ def evaluate_split(
                 base += error_sums(task.denormalise_target(traj[:, k - 1 : k]).expand_as(target), target)
         else:
             xs, ys = task.info.array(split, "x"), task.info.array(split, "y")
+            sums = base = ErrorSums.zeros(1, tuple(ys.shape[1:-1]), ys.shape[-1])
             mean_field = task.denormalise_target(torch.from_numpy(mean_training_target(task.info))).to(env.device)
             for idx in _shard(len(xs), env, batch_size):
                 x = torch.from_numpy(xs[idx]).to(env.device)
@@ -87,16 +89,50 @@ def evaluate_split(
                 pred = task.denormalise_target(model({task.name: x})[task.name])[:, None]
                 sums += error_sums(pred, target)
                 base += error_sums(mean_field.expand_as(target), target)
-        model_scores = finish(all_reduce_sum(sums))
-        base_scores = finish(all_reduce_sum(base))
+        model_scores = finish(sums.all_reduce())
+        base_scores = finish(base.all_reduce())
         results[task.name] = {
             **model_scores,
-            "baseline_nrmse": base_scores["nrmse"],
-            "baseline_rmse": base_scores["rmse"],
+            **{f"baseline_{key}": value for key, value in base_scores.items()},
             "n_samples": task.info.sizes[split],
         }
     model.train(was_training)
     return results
+
+
+@torch.no_grad()
+def example_prediction(model: nn.Module, task: TaskData, split: str = "test") -> dict[str, np.ndarray]:
+    """Sample 0 of ``split`` in physical units, for the report's plots: "true" and "pred", plus "input" for
+    steady tasks. Shapes: (predicted frames, *space, channel) for autoregressive tasks, (*space, channel)
+    for steady ones. Runs the bare model where its parameters are, with no collectives (rank 0 only)."""
+    if not task.info.sizes[split]:
+        raise DataError(
+            f"task {task.name}: the {split} split is empty, so there is no example to plot; give it samples "
+            f"(tasks.{task.name}.test_fraction or val_fraction) or leave the task out of the report's examples"
+        )
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        if task.spec.autoregressive:
+            traj = torch.from_numpy(np.array(task.info.array(split)[:1])).to(device)
+            out = {
+                "true": task.denormalise_target(traj[:, task.spec.initial_step :]),
+                "pred": task.denormalise_target(rollout(model, task, traj)),
+            }
+        else:
+            x = torch.from_numpy(np.array(task.info.array(split, "x")[:1])).to(device)
+            y = torch.from_numpy(np.array(task.info.array(split, "y")[:1])).to(device)
+            mean = torch.tensor(task.info.input_mean, dtype=x.dtype, device=device)
+            std = torch.tensor(task.info.input_std, dtype=x.dtype, device=device)
+            out = {
+                "input": x * std + mean,
+                "true": task.denormalise_target(y),
+                "pred": task.denormalise_target(model({task.name: x})[task.name]),
+            }
+    finally:
+        model.train(was_training)
+    return {key: value[0].float().cpu().numpy() for key, value in out.items()}
 
 
 def mean_training_target(info: CacheInfo) -> np.ndarray:

@@ -1,52 +1,55 @@
-"""The training loop of one rank: DDP over a multi-task model, equal steps on every rank, atomic checkpoints."""
+"""The training loop of one rank: DDP (+ torch.compile) over the multi-task model, equal steps on every rank.
+
+Every decision that changes control flow is taken identically on all ranks: non-finite gradients are detected
+after the all-reduce (all ranks hold the same gradients), stop requests and early stopping go through a
+collective. Position, optimizer, scheduler, scaler and early-stopping state are checkpointed by rank 0, so a
+resumed run replays the uninterrupted one exactly.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 
+from train.atomic import write_json_atomic
 from train.config import Config
-from train.data.dataset import (
-    EqualBatchSampler,
-    LatentDataset,
-    keep_batch,
-    steps_for_one_pass,
-    training_dataset,
-    worker_seeding,
-)
 from train.dist.env import DistEnv, all_reduce_sum
-from train.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from train.engine.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    model_differences,
+    resume_source,
+    save_best,
+    save_checkpoint,
+)
 from train.engine.evaluate import TaskData, validation_loss
-from train.errors import ConfigError
-from train.model.multitask import MultiTaskSurrogate
-from train.obs.log import MetricsWriter
+from train.engine.loaders import build_model, probe_batches, run_on_batches, steps_per_epoch, training_loaders
+from train.engine.setup import (
+    check_no_dead_parameters,
+    compile_enabled,
+    compile_errors,
+    compile_model,
+    compiled_graphs,
+    resolve_precision,
+    unused_parameters,
+    wrap_ddp,
+)
+from train.engine.signals import StopRequest
+from train.engine.streams import EpochStreams, step_seed, task_draws
+from train.errors import PREEMPTED_MARKER, ConfigError, DistributedError, Preempted
+from train.obs.monitor import DataWait, LossWindow, Progress, console_is_live, system_figures
+from train.obs.sinks import MetricSinks
 
 log = logging.getLogger(__name__)
-
-
-def build_model(cfg: Config, tasks: list[TaskData], device: torch.device) -> MultiTaskSurrogate:
-    # The same seed on every rank gives identical initial weights (DDP also broadcasts rank 0's).
-    torch.manual_seed(cfg.run.seed)
-    return MultiTaskSurrogate({t.name: t.spec for t in tasks}, cfg.model).to(device)
-
-
-def steps_per_epoch(cfg: Config, tasks: list[TaskData], world_size: int) -> int:
-    if cfg.train.steps_per_epoch is not None:
-        return cfg.train.steps_per_epoch
-    return max(
-        steps_for_one_pass(
-            len(training_dataset(t.info, "train", t.spec.initial_step)), cfg.tasks[t.name].batch_size, world_size
-        )
-        for t in tasks
-    )
 
 
 def warmup_cosine(warmup: int, total: int):
@@ -59,174 +62,351 @@ def warmup_cosine(warmup: int, total: int):
     return factor
 
 
-def compile_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
-    enabled = cfg.train.compile if cfg.train.compile != "auto" else env.device.type == "cuda"
-    if not enabled:
-        return model
-    mode = cfg.train.compile_mode
-    if mode == "reduce-overhead" and env.world_size > 1:
-        # CUDA graphs replay fixed memory and skip DDP's gradient hooks: gradients would not be synchronised.
-        log.warning("train.compile_mode=reduce-overhead uses CUDA graphs, which break DDP; using 'default'")
-        mode = "default"
-    log.info("torch.compile(mode=%s)", mode)
-    return torch.compile(model, mode=mode)
+@dataclass
+class RunState:
+    """Where training stands; saved in every checkpoint as "progress"."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    best_val: float = math.inf
+    bad_validations: int = 0
+    early_stopped: bool = False
+
+    def done(self, epochs: int) -> bool:
+        """Early stopping is final; reaching train.epochs is not: a run resumed with more epochs continues."""
+        return self.early_stopped or self.epoch >= epochs
 
 
 class Trainer:
     def __init__(self, cfg: Config, env: DistEnv, tasks: list[TaskData], run_dir: Path):
         self.cfg, self.env, self.tasks, self.run_dir = cfg, env, tasks, run_dir
+        self.names = [t.name for t in tasks]
+        self.checkpoints = run_dir / "checkpoints"
         self.model = build_model(cfg, tasks, env.device)
         for task in tasks:
             if task.latent is not None:  # before DDP, which then leaves the frozen encoder out of its buckets
                 self.model.freeze_encoder(task.name, task.latent.encoder_state())
-        self.ddp = DistributedDataParallel(
-            self.model, device_ids=[env.local_rank] if env.device.type == "cuda" else None
-        )
-        self.forward = compile_model(self.ddp, cfg, env)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=cfg.train.lr,
-            weight_decay=cfg.train.weight_decay,
-        )
+        probe = probe_batches(tasks, env.device)
+        check_no_dead_parameters(self.model, lambda m: run_on_batches(m, probe))
+        # Which parameters each task's forward leaves out: named if DDP ever reports a missing gradient (probed
+        # now, because once DDP's hooks are attached a probe would count as a step).
+        self.unused_by_task = {
+            n: unused_parameters(self.model, lambda m, n=n: run_on_batches(m, {n: probe[n]})) for n in self.names
+        }
+        self.weighted = cfg.train.task_sampling == "weighted" and len(tasks) > 1
+        self.ddp = wrap_ddp(self.model, env, find_unused=self.weighted)
+        self.forward = compile_model(self.ddp, cfg.compile, env)
+        self.compiling = compile_enabled(cfg.compile, env.device)
+        self.precision = resolve_precision(cfg.train.precision, env.device)
+        self.scaler = self.precision.scaler()
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.steps = steps_per_epoch(cfg, tasks, env.world_size)
+        self.micro = cfg.train.accumulate_steps
         total = self.steps * cfg.train.epochs
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, warmup_cosine(min(cfg.train.warmup_steps, total // 2), total)
         )
-        self.samplers, self.loaders = {}, {}
-        for stream, task in enumerate(tasks):
-            dataset = training_dataset(task.info, "train", task.spec.initial_step)
-            if task.latent is not None:
-                dataset = LatentDataset(dataset, task.latent.file)
-            sampler = EqualBatchSampler(
-                len(dataset),
-                cfg.tasks[task.name].batch_size,
-                self.steps,
-                env.rank,
-                env.world_size,
-                cfg.run.seed,
-                stream,
-            )
-            self.samplers[task.name] = sampler
-            self.loaders[task.name] = DataLoader(
-                dataset,
-                batch_sampler=sampler,
-                collate_fn=keep_batch,
-                num_workers=cfg.train.num_workers,
-                worker_init_fn=worker_seeding(cfg.run.seed, env.rank),
-                persistent_workers=cfg.train.num_workers > 0,
-                pin_memory=env.device.type == "cuda",
-            )
+        self.loaders, self.samplers = training_loaders(cfg, env, tasks, self.steps * self.micro)
         self.weights = {t.name: cfg.tasks[t.name].loss_weight for t in tasks}
-        self.epoch = 0
-        self.global_step = 0
-        self.checkpoints = run_dir / "checkpoints"
+        self.val_tasks = [t for t in tasks if t.info.sizes["val"]]
+        if cfg.train.early_stop_patience and not self.val_tasks:
+            raise ConfigError(
+                "train.early_stop_patience is set but no task has validation data: give a val file or set "
+                "tasks.<name>.val_fraction > 0"
+            )
+        self.state = RunState()
+        self.skipped_in_row = 0
+        self.data_wait = DataWait()
+        self.first_step_done: float | None = None  # wall time; launch-to-first-step is logged once
+        self.first_step_logged = False
 
-    def state(self) -> dict:
+    # -- checkpoints ---------------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict:
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "progress": {"epoch": self.epoch, "global_step": self.global_step},
+            **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
+            "progress": asdict(self.state),
             "config": self.cfg.model_dump(mode="json"),
             "specs": {t.name: t.spec.as_dict() for t in self.tasks},
         }
 
     def resume(self) -> None:
-        path = latest_checkpoint(self.checkpoints)
+        policy = self.cfg.train.resume
+        # resume=never is carried out by the launcher, which archives older checkpoints once per launch: a
+        # group restarted after a failure continues from what this launch wrote.
+        path = resume_source("auto" if policy == "never" else policy, self.checkpoints)
         if path is None:
             return
-        state = load_checkpoint(path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.epoch = state["progress"]["epoch"]
-        self.global_step = state["progress"]["global_step"]
-        log.info("resumed from %s (epoch %d, step %d)", path, self.epoch, self.global_step)
-
-    def _agree_finite(self, losses: torch.Tensor) -> torch.Tensor:
-        """Mean losses over ranks; every rank sees the same values, so all take the same branch on NaN."""
-        reduced = all_reduce_sum(losses.detach().double().cpu()) / self.env.world_size
-        if not torch.isfinite(reduced).all():
-            bad = [t.name for t, v in zip(self.tasks, reduced, strict=True) if not math.isfinite(v)]
+        saved = load_checkpoint(path)
+        differences = model_differences(
+            saved, self.cfg.model.model_dump(mode="json"), {t.name: t.spec.as_dict() for t in self.tasks}
+        )
+        if differences:
             raise ConfigError(
-                f"training loss became NaN/Inf at step {self.global_step} (tasks: {', '.join(bad)}); the last "
-                f"good checkpoint is kept in {self.checkpoints}. Lower train.lr or set train.grad_clip."
+                f"cannot resume from {path}: its model differs from this config in "
+                + "; ".join(differences)
+                + ". Use the checkpoint's settings, or train.resume=never to start over."
             )
-        return reduced
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        if self.scaler is not None and "scaler" in saved:
+            self.scaler.load_state_dict(saved["scaler"])
+        self.state = RunState(**saved["progress"])
+        log.info(
+            "resumed from %s (epoch %d, step %d of the epoch, global step %d)",
+            path,
+            self.state.epoch,
+            self.state.step_in_epoch,
+            self.state.global_step,
+        )
 
-    def fit(self, metrics: MetricsWriter) -> None:
+    def save(self) -> None:
+        """Rank 0 writes; every rank waits, so no rank runs ahead of (or exits before) a checkpoint on disk."""
+        if self.env.is_main:
+            save_checkpoint(self.checkpoints, self.state.global_step, self.snapshot(), self.cfg.train.keep_checkpoints)
+        dist.barrier()
+
+    # -- the loop ------------------------------------------------------------------------------------------
+
+    def fit(self, sinks: MetricSinks) -> None:
         self.resume()
-        cfg, env = self.cfg, self.env
-        if self.epoch >= cfg.train.epochs:
-            log.info("training already complete (%d epochs)", self.epoch)
+        cfg, env, s = self.cfg, self.env, self.state
+        if s.done(cfg.train.epochs):
+            log.info("training already complete (global step %d)", s.global_step)
             return
         log.info(
-            "training %d epoch(s) x %d steps on %d rank(s), tasks: %s",
-            cfg.train.epochs - self.epoch,
+            "training from epoch %d step %d: %d step(s) per epoch x %d micro-batch(es), %d rank(s), tasks %s "
+            "(%s), precision %s",
+            s.epoch + 1,
+            s.step_in_epoch,
             self.steps,
+            self.micro,
             env.world_size,
-            ", ".join(t.name for t in self.tasks),
+            ", ".join(self.names),
+            "one drawn per rank and step" if self.weighted else "all in every step",
+            self.precision.name,
         )
         self.model.train()
-        while self.epoch < cfg.train.epochs:
-            for sampler in self.samplers.values():
-                sampler.set_epoch(self.epoch)
-            window_start, window_samples, window_steps = time.perf_counter(), 0, 0
-            # Summed on the device: moving the loss to the CPU every step would stall the GPU.
-            running = torch.zeros(len(self.tasks), dtype=torch.float32, device=env.device)
-            for i, batches in enumerate(zip(*self.loaders.values(), strict=True)):
-                inputs = {
-                    t.name: b["x"].to(env.device, non_blocking=True) for t, b in zip(self.tasks, batches, strict=True)
-                }
-                targets = {
-                    t.name: b["y"].to(env.device, non_blocking=True) for t, b in zip(self.tasks, batches, strict=True)
-                }
-                latents = {
-                    t.name: b["z"].to(env.device, non_blocking=True)
-                    for t, b in zip(self.tasks, batches, strict=True)
-                    if "z" in b
-                }
+        total = self.steps * cfg.train.epochs
+        bar = Progress(total, s.global_step, "train", enabled=env.is_main, live=console_is_live())
+        with StopRequest(env.device) as stop, bar:
+            while not s.done(cfg.train.epochs):
+                self._epoch(stop, sinks, bar)
+
+    def _epoch(self, stop: StopRequest, sinks: MetricSinks, bar: Progress) -> None:
+        cfg, s = self.cfg, self.state
+        micro_steps = self.steps * self.micro
+        weights = [cfg.tasks[n].sampling_weight for n in self.names]
+        draws = task_draws(cfg.run.seed, self.env.rank, s.epoch, micro_steps, weights) if self.weighted else None
+        streams = EpochStreams(self.loaders, self.samplers, s.epoch, s.step_in_epoch * self.micro, micro_steps, draws)
+        window = LossWindow(len(self.names), self.env.device)
+        self.data_wait.take()
+        while s.step_in_epoch < self.steps:
+            if stop.agreed():
+                self._stop_for_signal(stop)
+            window.add(*self._step(streams))
+            self.first_step_done = self.first_step_done or time.time()
+            s.step_in_epoch += 1
+            s.global_step += 1
+            bar.update(1)
+            last_of_epoch = s.step_in_epoch == self.steps
+            if last_of_epoch:
+                s.epoch, s.step_in_epoch = s.epoch + 1, 0
+            if s.global_step % cfg.train.log_every == 0 or last_of_epoch:
+                self._log(window, sinks, bar)
+            paused = time.perf_counter()
+            val_due = cfg.train.val_every is None and last_of_epoch
+            if val_due or (cfg.train.val_every is not None and s.global_step % cfg.train.val_every == 0):
+                self._validate(sinks)
+            every = cfg.train.checkpoint_every
+            if last_of_epoch or s.early_stopped or (every is not None and s.global_step % every == 0):
+                self.save()
+            window.exclude(time.perf_counter() - paused)  # steady-state step time leaves out evaluation and saving
+            if s.early_stopped or last_of_epoch:
+                return
+
+    def _step(self, streams: EpochStreams) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """One optimizer step over ``accumulate_steps`` micro-batches; returns (loss sums, counts, samples)."""
+        cfg, env, s = self.cfg, self.env, self.state
+        sums = torch.zeros(len(self.names), device=env.device)
+        counts = torch.zeros(len(self.names), device=env.device)
+        samples = 0
+        for m in range(self.micro):
+            position = s.step_in_epoch * self.micro + m
+            torch.manual_seed(step_seed(cfg.run.seed, env.rank, s.epoch, position))
+            with self.data_wait.fetching():
+                batches = streams.batches_at(position)
+            last = m == self.micro - 1
+            # Gradients are all-reduced only on the last micro-batch; the others accumulate locally.
+            with contextlib.nullcontext() if last else self.ddp.no_sync():
+                losses = self._forward_backward(batches)
+            for name, loss in losses.items():
+                sums[self.names.index(name)] += loss.detach()
+                counts[self.names.index(name)] += 1
+            samples += sum(len(b["x"]) for b in batches.values())
+        self._optimizer_step(losses)
+        return sums, counts, samples
+
+    def _forward_backward(self, batches: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        device = self.env.device
+        inputs = {n: b["x"].to(device, non_blocking=True) for n, b in batches.items()}
+        latents = {n: b["z"].to(device, non_blocking=True) for n, b in batches.items() if "z" in b}
+        try:
+            with self.precision.autocast():
                 preds = self.forward(inputs, latents or None)
-                losses = torch.stack([nn.functional.mse_loss(preds[t.name], targets[t.name]) for t in self.tasks])
-                loss = sum(self.weights[t.name] * losses[j] for j, t in enumerate(self.tasks))
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.train.grad_clip > 0:
-                    nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.grad_clip)
+            # Losses in fp32 whatever the autocast dtype: small errors of a good surrogate vanish in bf16.
+            losses = {
+                n: nn.functional.mse_loss(preds[n].float(), b["y"].to(device, non_blocking=True))
+                for n, b in batches.items()
+            }
+            loss = sum(self.weights[n] * v for n, v in losses.items()) / self.micro
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        except RuntimeError as e:
+            if "Expected to have finished reduction" in str(e):
+                raise self._reduction_error(batches) from None
+            if self.compiling and self.cfg.compile.strict and isinstance(e, compile_errors()):
+                raise ConfigError(
+                    f"torch.compile failed ({type(e).__name__}: {str(e)[:500]}); set compile.strict=false to run "
+                    "what fails eagerly, or compile.enabled=false"
+                ) from None
+            raise
+        if self.compiling and self.state.global_step == 0 and self.env.is_main:
+            graphs = compiled_graphs()
+            if graphs:
+                log.info("torch.compile: %d graph(s) compiled", graphs)
+            else:
+                log.warning("torch.compile compiled no graph: training runs eagerly (see the log above for why)")
+        return losses
+
+    def _reduction_error(self, batches: dict) -> DistributedError:
+        """DDP's "Expected to have finished reduction" names no parameter; find the ones this step's tasks skip."""
+        names = sorted(set.intersection(*(set(self.unused_by_task[n]) for n in batches)))
+        return DistributedError(
+            f"DDP found parameters without a gradient at step {self.state.global_step} on rank {self.env.rank} "
+            f"(tasks this step: {', '.join(batches)}): {', '.join(names[:20]) or 'unknown'}. Use "
+            "train.task_sampling=all, or report this: the trainer should have enabled find_unused_parameters."
+        )
+
+    def _optimizer_step(self, losses: dict[str, torch.Tensor]) -> None:
+        cfg = self.cfg.train
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+        norm = nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], clip)
+        # The gradients were all-reduced, so every rank computes the same norm and takes the same branch.
+        finite = bool(torch.isfinite(norm))
+        if finite:
+            self.skipped_in_row = 0
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+            else:
                 self.optimizer.step()
-                self.scheduler.step()
-                self.global_step += 1
-                running += losses.detach()
-                window_steps += 1
-                window_samples += sum(len(b["x"]) for b in batches) * env.world_size
-                if self.global_step % cfg.train.log_every == 0 or i == self.steps - 1:
-                    mean = self._agree_finite(running / window_steps)
-                    elapsed = time.perf_counter() - window_start
-                    record = {
-                        "step": self.global_step,
-                        "epoch": self.epoch + (i + 1) / self.steps,
-                        "loss": float(sum(self.weights[t.name] * mean[j] for j, t in enumerate(self.tasks))),
-                        **{f"loss/{t.name}": float(mean[j]) for j, t in enumerate(self.tasks)},
-                        "lr": self.scheduler.get_last_lr()[0],
-                        "samples_per_s": window_samples / elapsed,
-                    }
-                    metrics.write(record)
-                    log.info(
-                        "epoch %d step %d/%d loss %.4g (%s) %.0f samples/s",
-                        self.epoch + 1,
-                        i + 1,
-                        self.steps,
-                        record["loss"],
-                        ", ".join(f"{t.name} {mean[j]:.3g}" for j, t in enumerate(self.tasks)),
-                        record["samples_per_s"],
-                    )
-                    running.zero_()
-                    window_start, window_samples, window_steps = time.perf_counter(), 0, 0
-            self.epoch += 1
-            val = validation_loss(self.model, self.tasks, env, cfg.train.eval_batch_size)
-            metrics.write({"step": self.global_step, "epoch": self.epoch, **{f"val/{k}": v for k, v in val.items()}})
-            log.info("epoch %d validation: %s", self.epoch, ", ".join(f"{k} {v:.4g}" for k, v in val.items()))
-            if env.is_main:
-                save_checkpoint(self.checkpoints, self.epoch, self.state(), cfg.train.keep_checkpoints)
-            dist.barrier()  # no rank starts the next epoch (or exits) before the checkpoint is on disk
+        else:
+            self._nonfinite(losses)
+        if self.scaler is not None:
+            self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _nonfinite(self, losses: dict[str, torch.Tensor]) -> None:
+        cfg = self.cfg.train
+        self.skipped_in_row += 1
+        tolerated = cfg.on_nonfinite == "skip" or self.scaler is not None
+        if tolerated and self.skipped_in_row <= cfg.max_skipped_steps:
+            log.warning(
+                "step %d: non-finite gradients, update skipped (%d in a row)", self.state.global_step + 1,
+                self.skipped_in_row,
+            )  # fmt: skip
+            return
+        local = torch.tensor([float(losses[n]) if n in losses else 0.0 for n in self.names], dtype=torch.float64)
+        bad = [n for n, v in zip(self.names, all_reduce_sum(local).tolist(), strict=True) if not math.isfinite(v)]
+        last = latest_checkpoint(self.checkpoints)
+        raise ConfigError(
+            f"training diverged: non-finite gradients at step {self.state.global_step + 1}"
+            f"{f' ({self.skipped_in_row} steps in a row)' if tolerated else ''}; non-finite loss in: "
+            f"{', '.join(bad) or 'none (the gradients overflowed)'}. The last good checkpoint is "
+            f"{last or 'not written yet'}. Lower train.lr, set train.grad_clip, use train.precision=bf16 or fp32, "
+            "or train.on_nonfinite=skip to drop such steps."
+        )
+
+    # -- validation, logging, stopping ---------------------------------------------------------------------
+
+    def _validate(self, sinks: MetricSinks) -> None:
+        if not self.val_tasks:
+            return
+        s, cfg = self.state, self.cfg.train
+        val = validation_loss(self.model, self.val_tasks, self.env, cfg.eval_batch_size)
+        total = sum(self.weights[n] * v for n, v in val.items())
+        improved = total < s.best_val - cfg.early_stop_min_delta
+        if improved:
+            s.best_val, s.bad_validations = total, 0
+        else:
+            s.bad_validations += 1
+        stop = bool(cfg.early_stop_patience and s.bad_validations >= cfg.early_stop_patience)
+        # Rank 0 decides and tells the others: a last-bit difference in a reduced loss can never split them.
+        decision = torch.tensor([float(improved), float(stop)], device=self.env.device)
+        if dist.is_initialized():
+            dist.broadcast(decision, src=0)
+        improved, stop = bool(decision[0]), bool(decision[1])
+        sinks.write({"step": s.global_step, "epoch": self._epoch_float(), **{f"val/{n}": v for n, v in val.items()},
+                     "val/loss": total})  # fmt: skip
+        log.info(
+            "validation at step %d: %s (loss %.4g%s)", s.global_step, ", ".join(f"{k} {v:.4g}" for k, v in val.items()),
+            total, ", best" if improved else f", {s.bad_validations} without improvement",
+        )  # fmt: skip
+        if improved and self.env.is_main:
+            save_best(self.checkpoints, self.snapshot())
+        if stop and not s.early_stopped:
+            log.info("early stop at step %d: %d validations without improvement", s.global_step, s.bad_validations)
+            s.early_stopped = True
+
+    def _epoch_float(self) -> float:
+        return self.state.epoch + self.state.step_in_epoch / self.steps
+
+    def _log(self, window: LossWindow, sinks: MetricSinks, bar: Progress) -> None:
+        mean, throughput = window.take()
+        s = self.state
+        record = {
+            "step": s.global_step,
+            "epoch": self._epoch_float(),
+            "loss": sum(self.weights[n] * v for n, v in zip(self.names, mean, strict=True) if math.isfinite(v)),
+            **{f"loss/{n}": v for n, v in zip(self.names, mean, strict=True)},
+            "lr": self.scheduler.get_last_lr()[0],
+            **throughput,
+            "data_wait": self.data_wait.take(),
+            **system_figures(self.env.device),
+        }
+        if not self.first_step_logged and "TRAIN_LAUNCH_TIME" in os.environ:
+            # From the launcher starting torchrun to this process's first finished step: process start-up,
+            # imports, rendezvous, model setup, the first batches (and compilation).
+            record["launch_to_first_step_s"] = self.first_step_done - float(os.environ["TRAIN_LAUNCH_TIME"])
+            log.info("first step done %.1f s after launch", record["launch_to_first_step_s"])
+        self.first_step_logged = True
+        sinks.write(record)
+        bar.update(0, loss=record["loss"])
+        log.info(
+            "epoch %.2f step %d loss %.4g (%s) %.0f samples/s, data wait %.0f%%",
+            record["epoch"], s.global_step, record["loss"],
+            ", ".join(f"{n} {v:.3g}" for n, v in zip(self.names, mean, strict=True)),
+            record["samples_per_s"], 100 * record["data_wait"],
+        )  # fmt: skip
+
+    def _stop_for_signal(self, stop: StopRequest) -> None:
+        """Every rank is here at the same step: rank 0 checkpoints, marks the run as preempted, all exit 75."""
+        s = self.state
+        what = stop.received.name if stop.received is not None else "a stop request on another rank"
+        log.warning("%s: stopping at global step %d and saving a checkpoint", what, s.global_step)
+        self.save()
+        if self.env.is_main:
+            write_json_atomic(
+                self.run_dir / PREEMPTED_MARKER,
+                {"global_step": s.global_step, "epoch": s.epoch, "step_in_epoch": s.step_in_epoch, "signal": what},
+            )
+        dist.barrier()
+        raise Preempted(f"stopped by {what} at step {s.global_step} with a checkpoint; re-run to resume")

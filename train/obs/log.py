@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -44,19 +43,3 @@ def setup_logging(who: str = "launcher", log_file: Path | None = None, console: 
         root.addHandler(handler)
     # torch.distributed's elastic agent logs every worker start at INFO; keep the console readable.
     logging.getLogger("torch.distributed").setLevel(logging.INFO if debug_enabled() else logging.WARNING)
-
-
-class MetricsWriter:
-    """Append one JSON object per logged step to metrics.jsonl (rank 0 only), flushed line by line."""
-
-    def __init__(self, path: Path | None):
-        self._file = open(path, "a") if path is not None else None  # noqa: SIM115 - lives as long as the run
-
-    def write(self, record: dict) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()

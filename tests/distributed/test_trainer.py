@@ -1,0 +1,166 @@
+"""The trainer on 2 gloo ranks: accumulation parity, ranks training different tasks, agreed stops, compile."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+
+import pytest
+import torch
+
+from tests.helpers import prepare_run, rank_trainer, run_ranks
+
+pytestmark = pytest.mark.distributed
+
+SMALL = ["train.grad_clip=0", "train.steps_per_epoch=2", "train.epochs=1"]
+
+
+def _gradients_of_one_step(rank: int, run_dir, out) -> None:
+    import torch.distributed as dist
+
+    from train.engine.streams import EpochStreams
+
+    trainer = rank_trainer(run_dir)
+    captured = {}
+    step = trainer.optimizer.step
+
+    def capture(*args, **kwargs):
+        captured.update({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = capture
+    micro_steps = trainer.steps * trainer.micro
+    trainer._step(EpochStreams(trainer.loaders, trainer.samplers, 0, 0, micro_steps, None))
+    torch.save(captured, out / f"grads{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_accumulated_micro_batches_give_the_gradient_of_one_large_batch(tmp_path):
+    """4 micro-batches of 2 (no_sync on the first 3) == 1 batch of 8 per rank: both steps cover the same 16
+    items per task over the 2 ranks (the sampler's global order is the same), so the all-reduced mean gradients
+    agree up to float32 summation order. Tolerance: rtol 1e-4, atol 1e-6."""
+    grads = {}
+    for name, batch, accumulate in (("micro", 2, 4), ("large", 8, 1)):
+        run_dir = prepare_run(
+            tmp_path,
+            overrides=[
+                *SMALL,
+                f"tasks.advection1d.batch_size={batch}",
+                f"tasks.darcy2d.batch_size={batch}",
+                f"train.accumulate_steps={accumulate}",
+            ],
+            name=name,
+        )
+        out = tmp_path / name
+        out.mkdir()
+        run_ranks(_gradients_of_one_step, 2, run_dir, out)
+        grads[name] = [torch.load(out / f"grads{r}.pt") for r in range(2)]
+    for r in range(2):  # DDP leaves the same averaged gradient on every rank
+        for n, g in grads["micro"][r].items():
+            assert torch.equal(g, grads["micro"][0][n])
+    micro, large = grads["micro"][0], grads["large"][0]
+    assert micro.keys() == large.keys() and len(micro) > 10
+    for n in micro:
+        torch.testing.assert_close(micro[n], large[n], rtol=1e-4, atol=1e-6, msg=f"gradient of {n}")
+    # The comparison can fail: a different item set gives clearly different gradients.
+    assert any(not torch.allclose(micro[n], grads["large"][0][n] * 1.01, rtol=1e-4, atol=1e-6) for n in micro)
+
+
+def _fit(rank: int, run_dir, force_find_unused: bool | None, out) -> None:
+    import torch.distributed as dist
+
+    import train.engine.trainer as trainer_module
+    from train.errors import TrainError
+    from train.obs.sinks import MetricSinks
+
+    if force_find_unused is not None:
+        wrap = trainer_module.wrap_ddp
+        trainer_module.wrap_ddp = lambda model, env, find_unused: wrap(model, env, force_find_unused)
+    try:
+        trainer = rank_trainer(run_dir)
+        trainer.fit(MetricSinks(None))
+        result = {"ok": True, "state": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
+    except TrainError as e:
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    torch.save(result, out / f"rank{rank}.pt")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _results(out):
+    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+
+
+def test_ranks_training_different_tasks_in_one_step_need_no_user_action(tmp_path):
+    from train.engine.streams import task_draws
+
+    steps = 6
+    draws = [task_draws(0, r, 0, steps, [1.0, 1.0]) for r in range(2)]
+    assert (draws[0] != draws[1]).any(), "the seed must make the ranks draw different tasks in some step"
+    run_dir = prepare_run(tmp_path, overrides=["train.task_sampling=weighted", f"train.steps_per_epoch={steps}",
+                                               "train.epochs=1"])  # fmt: skip
+    run_ranks(_fit, 2, run_dir, None, tmp_path)
+    results = _results(tmp_path)
+    assert all(r["ok"] for r in results), results
+    for name, value in results[0]["state"].items():  # DDP kept the replicas identical
+        assert torch.equal(value, results[1]["state"][name]), name
+
+
+def test_without_the_unused_parameter_search_the_error_names_the_parameters(tmp_path):
+    """The negative control: DDP told that every parameter is used fails, and the user gets our message, which
+    names the skipped task's parameters, not the raw "Expected to have finished reduction"."""
+    run_dir = prepare_run(tmp_path, overrides=["train.task_sampling=weighted", "train.steps_per_epoch=6",
+                                               "train.epochs=1"])  # fmt: skip
+    run_ranks(_fit, 2, run_dir, False, tmp_path)
+    for result in _results(tmp_path):
+        assert not result["ok"]
+        assert result["error"].startswith("DistributedError: DDP found parameters without a gradient")
+        assert "codecs." in result["error"]
+
+
+def _stop_at_boundary(rank: int, out) -> None:
+    import torch.distributed as dist
+
+    from train.dist.env import DistEnv, init_distributed
+    from train.engine.signals import StopRequest
+
+    init_distributed(DistEnv.from_environ("gloo"), 60)
+    stopped_at = None
+    with StopRequest(torch.device("cpu")) as stop:
+        for boundary in range(20):
+            if stop.agreed():
+                stopped_at = boundary
+                break
+            if rank == 1 and boundary == 4:
+                os.kill(os.getpid(), signal.SIGUSR1)
+    (out / f"rank{rank}").write_text(str(stopped_at))
+    dist.destroy_process_group()
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_boundary(tmp_path):
+    run_ranks(_stop_at_boundary, 2, tmp_path)
+    # Posted at boundary 5 (after the signal during step 4), read back at boundary 6.
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["6", "6"]
+
+
+def _compile_fails(rank: int, run_dir, out) -> None:
+    import train.engine.trainer as trainer_module
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("this compiler is broken")
+
+    trainer_module.compile_model = functools.partial(trainer_module.compile_model, backend=broken)
+    _fit(rank, run_dir, None, out)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_compile_failure_runs_eagerly_unless_strict(tmp_path, strict):
+    run_dir = prepare_run(tmp_path, overrides=[*SMALL, "compile.enabled=true", f"compile.strict={str(strict).lower()}"])
+    run_ranks(_compile_fails, 2, run_dir, tmp_path)
+    results = _results(tmp_path)
+    if strict:
+        assert all(not r["ok"] and "ConfigError: torch.compile failed" in r["error"] for r in results), results
+    else:
+        assert all(r["ok"] for r in results), results
+        assert "torch.compile compiled no graph" in (run_dir / "logs" / "rank0.log").read_text()

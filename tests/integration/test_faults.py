@@ -1,0 +1,158 @@
+"""Faults under torchrun: a rank SIGKILLed mid-run, a SIGTERM to the whole job, diverging losses.
+
+The interrupted runs must end with weights bitwise equal to an uninterrupted run of the same config (CPU,
+eager, 2 gloo ranks): everything random derives from (seed, rank, epoch, step) and the checkpoint holds the
+step position, so resuming replays exactly what the lost steps did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import REPO, folders, run_cli
+from train.bench.procmem import child_pids
+from train.engine.checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, load_checkpoint
+
+pytestmark = pytest.mark.integration
+
+# 160 steps of about 20 ms: a window of seconds in which to interrupt the run at a random step.
+LONG = [
+    "--set", "train.epochs=4", "--set", "train.steps_per_epoch=40", "--set", "train.checkpoint_every=10",
+    "--set", "train.log_every=1", "--set", "model.d_model=64", "--set", "model.n_layers=2",
+    "--set", "model.dropout=0.1",  # randomness inside the step must replay too
+]  # fmt: skip
+
+
+def fit_argv(tmp: Path, run: str, *extra: str) -> list[str]:
+    return ["fit", "--config", "configs/tiny.yaml", "--nproc", "2", "--run", run, *LONG, *folders(tmp), *extra]
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    path = latest_checkpoint(run_dir / "checkpoints")
+    state = load_checkpoint(path)
+    assert state["progress"]["epoch"] == 4 and state["progress"]["global_step"] == 160, (path, state["progress"])
+    return state["model"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The uninterrupted run."""
+    tmp = tmp_path_factory.mktemp("reference")
+    proc = run_cli(*fit_argv(tmp, "reference"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return final_weights(tmp / "runs" / "reference")
+
+
+def assert_bitwise_equal(weights: dict, reference: dict) -> None:
+    assert weights.keys() == reference.keys()
+    different = [name for name in weights if not torch.equal(weights[name], reference[name])]
+    assert not different, f"weights differ from the uninterrupted run: {different}"
+
+
+def start(tmp: Path, run: str, *extra: str) -> subprocess.Popen:
+    # A session of its own: the test can signal the whole job (launcher, ranks, DataLoader workers) at once.
+    return subprocess.Popen(
+        [sys.executable, "-m", "train", *fit_argv(tmp, run, *extra)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_step(proc: subprocess.Popen, metrics: Path, step: int, timeout: float = 240) -> int:
+    """Poll rank 0's metrics.jsonl until it has logged ``step``; returns the newest step seen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the run ended before step {step}: {proc.communicate()[1][-3000:]}"
+        if metrics.is_file():
+            lines = [json.loads(line) for line in metrics.read_text().splitlines() if '"loss"' in line]
+            if lines and lines[-1]["step"] >= step:
+                return lines[-1]["step"]
+        time.sleep(0.005)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def rank_pid(launcher: int, rank: int) -> int:
+    """The pid of the rank process with RANK=rank among the launcher's children (torchrun runs in process)."""
+    for pid in child_pids(launcher):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID=" in b"\0".join(environ):
+            return pid
+    raise AssertionError(f"no rank {rank} among the children of {launcher}")
+
+
+def test_a_rank_killed_at_a_random_step_restarts_the_group_and_ends_bitwise_equal(tmp_path, reference):
+    at = random.Random().randrange(15, 130)
+    print(f"SIGKILL to rank 1 at step {at}")
+    proc = start(tmp_path, "killed", "--set", "dist.max_restarts=1")
+    run_dir = tmp_path / "runs" / "killed"
+    seen = wait_for_step(proc, run_dir / "metrics.jsonl", at)
+    os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-4000:]
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "resumed from" in log, f"no restart happened (killed after step {seen})"
+    assert_bitwise_equal(final_weights(run_dir), reference)
+
+
+def test_sigterm_to_the_whole_job_checkpoints_exits_75_and_the_rerun_ends_bitwise_equal(tmp_path, reference):
+    at = random.Random().randrange(15, 130)
+    print(f"SIGTERM to the job at step {at}")
+    # DataLoader workers get the signal too: they must ignore it and leave stopping to their rank.
+    proc = start(tmp_path, "preempted", "--set", "train.num_workers=1")
+    run_dir = tmp_path / "runs" / "preempted"
+    wait_for_step(proc, run_dir / "metrics.jsonl", at)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, err[-4000:]
+    assert "re-run" in err
+    marker = json.loads((run_dir / "preempted.json").read_text())
+    saved = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["progress"]
+    assert saved["global_step"] == marker["global_step"] and saved["epoch"] < 4
+    assert at <= marker["global_step"] < 160
+    for rank in range(2):  # every rank stopped at the same step
+        text = (run_dir / "logs" / f"rank{rank}.log").read_text()
+        assert f"stopping at global step {marker['global_step']} and saving a checkpoint" in text
+
+    again = run_cli(*fit_argv(tmp_path, "preempted"))
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert f"resumed from {run_dir / 'checkpoints' / checkpoint_name(marker['global_step'])}" in again.stderr
+    assert_bitwise_equal(final_weights(run_dir), reference)
+
+
+DIVERGING = ["--set", "train.lr=1e4", "--set", "train.grad_clip=0", "--set", "train.warmup_steps=0",
+             "--set", "train.checkpoint_every=1"]  # fmt: skip
+
+
+def test_a_diverging_run_stops_with_a_config_error_and_keeps_its_good_checkpoints(tmp_path):
+    proc = run_cli("fit", "--config", "configs/tiny.yaml", "--nproc", "2", *DIVERGING, *folders(tmp_path))
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert "training diverged: non-finite gradients at step" in proc.stderr
+    assert "Lower train.lr" in proc.stderr
+    saved = list_checkpoints(tmp_path / "runs" / "tiny" / "checkpoints")
+    assert saved, "the steps before the divergence were checkpointed"
+    for path in saved:
+        for name, tensor in load_checkpoint(path)["model"].items():
+            assert torch.isfinite(tensor).all(), (path.name, name)
+
+
+def test_skipping_non_finite_steps_gives_up_after_the_configured_number_in_a_row(tmp_path):
+    proc = run_cli(
+        "fit", "--config", "configs/tiny.yaml", "--nproc", "2", *DIVERGING, "--set", "train.on_nonfinite=skip",
+        "--set", "train.max_skipped_steps=3", *folders(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert proc.stderr.count("update skipped") == 3
+    assert "(4 steps in a row)" in proc.stderr

@@ -1,0 +1,76 @@
+"""Trainer features through the CLI and torchrun (2 gloo ranks): early stopping, resume policies, accumulation
+and weighted task sampling end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.helpers import folders, run_cli
+from train.engine.checkpoint import BEST, latest_checkpoint, list_checkpoints, load_checkpoint
+
+pytestmark = pytest.mark.integration
+
+TINY = ["--config", "configs/tiny.yaml", "--nproc", "2"]
+
+
+def test_early_stopping_stops_every_rank_at_the_same_step_and_evaluates_the_best(tmp_path):
+    # min_delta so large that only the first validation improves: stop after 2 more, at step 6 of 10.
+    proc = run_cli(
+        "run", *TINY, *folders(tmp_path), "--set", "train.val_every=2", "--set", "train.early_stop_patience=2",
+        "--set", "train.early_stop_min_delta=1e9",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = tmp_path / "runs" / "tiny"
+    stops = [re.findall(r"early stop at step (\d+)", (run / "logs" / f"rank{r}.log").read_text()) for r in range(2)]
+    assert stops == [["6"], ["6"]]
+    progress = load_checkpoint(latest_checkpoint(run / "checkpoints"))["progress"]
+    assert progress["early_stopped"] and progress["global_step"] == 6
+    assert load_checkpoint(run / "checkpoints" / BEST)["progress"]["global_step"] == 2
+    assert "Checkpoint: `best.pt`" in (run / "report" / "summary.md").read_text()
+    # A finished run is not trained again.
+    again = run_cli("fit", *TINY, *folders(tmp_path), "--set", "train.val_every=2", "--set",
+                    "train.early_stop_patience=2", "--set", "train.early_stop_min_delta=1e9")  # fmt: skip
+    assert again.returncode == 0 and "launching" not in again.stderr
+
+
+def test_resume_never_archives_and_a_path_must_match_the_model(tmp_path):
+    first = run_cli("fit", *TINY, *folders(tmp_path))
+    assert first.returncode == 0, first.stderr[-4000:]
+    checkpoints = tmp_path / "runs" / "tiny" / "checkpoints"
+    before = sorted(p.name for p in checkpoints.iterdir())
+
+    fresh = run_cli("fit", *TINY, *folders(tmp_path), "--set", "train.resume=never")
+    assert fresh.returncode == 0, fresh.stderr[-4000:]
+    assert "resumed from" not in fresh.stderr
+    (archive,) = checkpoints.glob("archive-*")
+    assert sorted(p.name for p in archive.iterdir()) == before
+
+    source = latest_checkpoint(checkpoints)
+    other = ["--run", "wider", "--set", f"train.resume={source}"]
+    bad = run_cli("fit", *TINY, *folders(tmp_path), *other, "--set", "model.d_model=48", "--set", "model.n_layers=2")
+    assert bad.returncode == 2
+    assert "cannot resume from" in bad.stderr
+    assert "model.d_model (32 there, 48 here)" in bad.stderr and "model.n_layers (1 there, 2 here)" in bad.stderr
+    assert not list_checkpoints(tmp_path / "runs" / "wider" / "checkpoints")
+
+    good = run_cli("fit", *TINY, *folders(tmp_path), "--run", "continued", "--set", f"train.resume={source}",
+                   "--set", "train.epochs=3")  # fmt: skip
+    assert good.returncode == 0, good.stderr[-4000:]
+    assert f"resumed from {source}" in good.stderr
+    progress = load_checkpoint(latest_checkpoint(tmp_path / "runs" / "continued" / "checkpoints"))["progress"]
+    assert progress["global_step"] == 15 and progress["epoch"] == 3
+
+
+def test_weighted_sampling_with_accumulation_trains_and_logs_every_task(tmp_path):
+    proc = run_cli(
+        "run", *TINY, *folders(tmp_path), "--set", "train.task_sampling=weighted", "--set", "train.accumulate_steps=2",
+        "--set", "tasks.darcy2d.sampling_weight=3", "--set", "train.log_every=5",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "one drawn per rank and step" in proc.stderr and "x 2 micro-batch(es)" in proc.stderr
+    records = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if "loss" in r]
+    assert all(r["loss/darcy2d"] is not None for r in train_records)

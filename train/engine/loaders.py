@@ -1,0 +1,81 @@
+"""The model and the training data of one rank: initial weights, per-task loaders with equal lengths, probes."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from train.config import Config
+from train.data.dataset import (
+    EqualBatchSampler,
+    LatentDataset,
+    keep_batch,
+    steps_for_one_pass,
+    training_dataset,
+    worker_seeding,
+)
+from train.dist.env import DistEnv
+from train.engine.evaluate import TaskData
+from train.model.multitask import MultiTaskSurrogate
+
+
+def build_model(cfg: Config, tasks: list[TaskData], device: torch.device) -> MultiTaskSurrogate:
+    # The same seed on every rank gives identical initial weights (DDP also broadcasts rank 0's).
+    torch.manual_seed(cfg.run.seed)
+    return MultiTaskSurrogate({t.name: t.spec for t in tasks}, cfg.model).to(device)
+
+
+def steps_per_epoch(cfg: Config, tasks: list[TaskData], world_size: int) -> int:
+    """Optimizer steps per epoch: train.steps_per_epoch, or one pass over the largest task's training items."""
+    if cfg.train.steps_per_epoch is not None:
+        return cfg.train.steps_per_epoch
+    per_step = cfg.train.accumulate_steps
+    return max(
+        steps_for_one_pass(
+            len(training_dataset(t.info, "train", t.spec.initial_step)),
+            cfg.tasks[t.name].batch_size * per_step,
+            world_size,
+        )
+        for t in tasks
+    )
+
+
+def _dataset(task: TaskData):
+    dataset = training_dataset(task.info, "train", task.spec.initial_step)
+    return LatentDataset(dataset, task.latent.file) if task.latent is not None else dataset
+
+
+def training_loaders(
+    cfg: Config, env: DistEnv, tasks: list[TaskData], micro_steps: int
+) -> tuple[dict[str, DataLoader], dict[str, EqualBatchSampler]]:
+    """One loader per task, each able to yield ``micro_steps`` batches per epoch on every rank."""
+    loaders, samplers = {}, {}
+    for stream, task in enumerate(tasks):
+        dataset = _dataset(task)
+        sampler = EqualBatchSampler(
+            len(dataset), cfg.tasks[task.name].batch_size, micro_steps, env.rank, env.world_size, cfg.run.seed, stream
+        )
+        samplers[task.name] = sampler
+        loaders[task.name] = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=keep_batch,
+            num_workers=cfg.train.num_workers,
+            worker_init_fn=worker_seeding(cfg.run.seed, env.rank),
+            persistent_workers=cfg.train.num_workers > 0,
+            pin_memory=env.device.type == "cuda",
+        )
+    return loaders, samplers
+
+
+def probe_batches(tasks: list[TaskData], device: torch.device) -> dict[str, dict[str, torch.Tensor]]:
+    """One training item of each task, on the device: enough to see which parameters a task's forward uses."""
+    return {t.name: {k: v.to(device) for k, v in _dataset(t).__getitems__([0]).items()} for t in tasks}
+
+
+def run_on_batches(model: nn.Module, batches: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
+    """A forward pass of ``model`` over ``batches`` reduced to one scalar to differentiate."""
+    latents = {n: b["z"] for n, b in batches.items() if "z" in b}
+    preds = model({n: b["x"] for n, b in batches.items()}, latents or None)
+    return sum(p.float().mean() for p in preds.values())

@@ -1,0 +1,141 @@
+"""Putting the model together for training: precision, the unused-parameter check, DDP, then torch.compile.
+
+Order matters (DESIGN.md section 5): model.to(device) -> DDP -> torch.compile. Compiling the DDP wrapper lets
+dynamo split the graph at DDP's bucket boundaries (its DDPOptimizer), so gradient all-reduces still overlap
+with the backward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from train.config import CompileConfig
+from train.dist.env import DistEnv
+from train.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Modes whose CUDA graphs would replay without DDP's gradient hooks, and what each becomes under DDP.
+_GRAPH_FREE = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Autocast dtype (None: fp32) and whether fp16's gradient scaler is needed."""
+
+    dtype: torch.dtype | None
+    device_type: str
+
+    @property
+    def name(self) -> str:
+        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def scaler(self) -> torch.amp.GradScaler | None:
+        # bf16 has fp32's exponent range: only fp16 gradients underflow without loss scaling.
+        return torch.amp.GradScaler(self.device_type) if self.dtype == torch.float16 else None
+
+
+def resolve_precision(requested: str, device: torch.device) -> Precision:
+    """train.precision -> Precision. auto: bf16 on GPUs with bf16 support, fp16 on older GPUs, fp32 on CPU."""
+    if requested == "auto" and device.type != "cuda":
+        requested = "fp32"
+    elif requested == "auto":
+        requested = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[requested]
+    return Precision(dtype, device.type)
+
+
+def unused_parameters(model: nn.Module, run: Callable[[nn.Module], torch.Tensor]) -> list[str]:
+    """Names of trainable parameters that get no gradient from ``run(model)`` (a forward returning a loss).
+
+    Leaves every gradient as it was before (None).
+    """
+    model.zero_grad(set_to_none=True)
+    run(model).backward()
+    names = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    model.zero_grad(set_to_none=True)
+    return names
+
+
+def check_no_dead_parameters(model: nn.Module, run_all_tasks: Callable[[nn.Module], torch.Tensor]) -> None:
+    """A parameter that no task's forward reaches would make DDP fail at the second step with "Expected to have
+    finished reduction in the prior iteration"; name it now instead."""
+    dead = unused_parameters(model, run_all_tasks)
+    if dead:
+        raise ConfigError(
+            f"the model has {len(dead)} trainable parameter(s) that no task's forward pass uses: "
+            f"{', '.join(dead[:20])}{' ...' if len(dead) > 20 else ''}. DDP would stop with 'Expected to have "
+            "finished reduction'. Remove them from the model or freeze them (requires_grad_(False))."
+        )
+
+
+def wrap_ddp(model: nn.Module, env: DistEnv, find_unused: bool) -> DistributedDataParallel:
+    """DDP over ``model``. ``find_unused``: some parameters may get no gradient on some rank in a step (ranks
+    drawing different tasks); DDP then searches the autograd graph each step, which costs time, so it is
+    asked for only then."""
+    return DistributedDataParallel(
+        model,
+        device_ids=[env.local_rank] if env.device.type == "cuda" else None,
+        find_unused_parameters=find_unused,
+    )
+
+
+def compile_enabled(cfg: CompileConfig, device: torch.device) -> bool:
+    return cfg.enabled if cfg.enabled != "auto" else device.type == "cuda"
+
+
+def compile_model(ddp: nn.Module, cfg: CompileConfig, env: DistEnv, backend: str | Callable = "inductor") -> nn.Module:
+    """torch.compile the DDP-wrapped model (lazily: graphs are built at the first step), or return it as is.
+
+    Without compile.strict a frame that fails to compile runs eagerly (dynamo's suppress_errors) and the
+    trainer warns after the first step; with it, the failure stops the run.
+    """
+    if not compile_enabled(cfg, env.device):
+        return ddp
+    import torch._dynamo
+
+    mode = cfg.mode
+    if mode in _GRAPH_FREE:  # the trainer always wraps in DDP, even for one rank
+        log.warning(
+            "compile.mode=%s captures CUDA graphs, whose replay skips DDP's gradient synchronisation; using "
+            "'%s' under DDP",
+            mode,
+            _GRAPH_FREE[mode],
+        )
+        mode = _GRAPH_FREE[mode]
+    torch._dynamo.config.suppress_errors = not cfg.strict
+    log.info("torch.compile(mode=%s) of the DDP model%s", mode, ", strict" if cfg.strict else "")
+    if backend == "inductor":
+        return torch.compile(ddp, mode=mode)
+    return torch.compile(ddp, backend=backend)
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def compile_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean "the compiler failed" rather than "the model is wrong"."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    found: list[type[BaseException]] = [TorchDynamoException]
+    with contextlib.suppress(ImportError):
+        from torch._inductor.exc import InductorError
+
+        found.append(InductorError)
+    return tuple(found)
