@@ -30,6 +30,9 @@ def _entry(rank: int, fn: Callable, world_size: int, port: int, args: tuple) -> 
         LOCAL_WORLD_SIZE=str(world_size),
         OMP_NUM_THREADS="1",
     )
+    import torch
+
+    torch.set_num_threads(1)  # torch was imported (unpickling this function) before OMP_NUM_THREADS was set
     fn(rank, *args)
 
 

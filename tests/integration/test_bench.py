@@ -1,4 +1,4 @@
-"""The data loading benchmark runs end to end (``--quick``: tiny data, so its figures are not the targets')."""
+"""The benchmarks run end to end (``--quick``: tiny data and few steps, so their figures are not the targets')."""
 
 from __future__ import annotations
 
@@ -14,15 +14,33 @@ from tests.helpers import REPO
 pytestmark = pytest.mark.integration
 
 
-def test_quick_benchmark_writes_every_figure(tmp_path):
+def bench(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m train.bench ARGS --quick`` with its output and work folders in ``tmp_path``; must succeed."""
+    folders = ["--out", str(tmp_path), "--workdir", str(tmp_path / "w")]
     proc = subprocess.run(
-        [sys.executable, "-m", "train.bench", "--quick", "--out", str(tmp_path), "--workdir", str(tmp_path / "w")],
+        [sys.executable, "-m", "train.bench", *args, "--quick", *folders],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_options_without_a_subcommand_run_every_benchmark():
+    from train.bench.__main__ import parse_args
+
+    assert parse_args([]).command == "all"
+    args = parse_args(["--quick", "--strict"])
+    assert (args.command, args.quick, args.strict) == ("all", True, True)
+    args = parse_args(["trainer", "--steps", "50", "--warmup", "10", "--repeats", "2"])
+    assert (args.command, args.steps, args.warmup, args.repeats) == ("trainer", 50, 10, 2)
+    assert parse_args(["cache-io", "--cache-gb", "0.5"]).cache_gb == 0.5
+
+
+def test_quick_cache_io_benchmark_writes_every_figure(tmp_path):
+    proc = bench(tmp_path, "cache-io")
     result = json.loads((tmp_path / "cache_io.json").read_text())
     assert set(result["loaders"]) == {"mmap", "h5py", "shared"}
     for name, figures in result["loaders"].items():
@@ -37,3 +55,18 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     table = (tmp_path / "cache_io.md").read_text()
     assert "(a) mmap cache" in table and "build >= 50% of raw read" in table
     assert table in proc.stdout
+
+
+def test_quick_trainer_benchmark_writes_every_figure(tmp_path):
+    proc = bench(tmp_path, "trainer")
+    result = json.loads((tmp_path / "trainer_step.json").read_text())
+    for loop in ("ours", "bare"):
+        assert result[loop]["step_time_s"] > 0 and math.isfinite(result[loop]["step_time_s"]), loop
+        assert result[loop]["launch_to_first_step_s"] > 0, loop
+    assert math.isfinite(result["ratio"]) and result["ratio"] > 0
+    assert 0 <= result["ours"]["data_wait"] <= 1
+    assert [r["bare"]["steps"] for r in result["repeats"]] == [result["setup"]["steps"]]
+    assert list(result["targets"]) == ["step time ratio <= 1.05"]
+    assert all(isinstance(met, bool) for met in result["targets"].values())
+    table = (tmp_path / "trainer_step.md").read_text()
+    assert "bare DDP loop" in table and table in proc.stdout

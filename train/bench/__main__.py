@@ -1,4 +1,9 @@
-"""python -m train.bench: the data loading benchmark (see train/bench/cache_io.py)."""
+"""python -m train.bench [cache-io|trainer|all]: the benchmarks, each writing NAME.json/.md to --out.
+
+- cache-io: data loading, our mmap cache against per-sample h5py and shared memory (train/bench/cache_io.py);
+- trainer: our trainer's step time against a bare DDP loop (train/bench/trainer_step.py);
+- all (the default, also when only options are given): both, with their default sizes.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +11,98 @@ import argparse
 import sys
 from pathlib import Path
 
-from train.bench import cache_io
+from train.bench import cache_io, trainer_step
+from train.errors import TrainError
+
+COMMANDS = ("cache-io", "trainer", "all")
+# Each benchmark's own options and their defaults (``all`` runs both with these).
+CACHE_IO = {"cache_gb": 1.1, "steps": 400, "h5py_steps": 40, "warmup": 5}
+TRAINER = {"steps": 150, "warmup": 20, "repeats": 5}
+LOG_EVERY = 10  # the trainer's logging window in the benchmark: several in the timed steps, each costing little
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("runs/bench"), help="where NAME.json/.md go")
+    parser.add_argument("--workdir", type=Path, default=Path("runs/bench/work"), help="generated data and caches")
+    parser.add_argument("--quick", action="store_true", help="tiny data and few steps: checks that it runs")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per benchmark, and ``all``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m train.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{cache-io,trainer,all}")
+    io = sub.add_parser("cache-io", help=cache_io.__doc__.splitlines()[0])
+    _common(io)
+    io.add_argument("--cache-gb", type=float, default=CACHE_IO["cache_gb"], help="size the data is scaled to")
+    io.add_argument("--steps", type=int, default=CACHE_IO["steps"], help="timed steps per rank, loaders (a) and (c)")
+    io.add_argument("--h5py-steps", type=int, default=CACHE_IO["h5py_steps"], help="timed steps per rank, loader (b)")
+    io.add_argument("--warmup", type=int, default=CACHE_IO["warmup"], help="untimed steps per rank first")
+    tr = sub.add_parser("trainer", help=trainer_step.__doc__.splitlines()[0])
+    _common(tr)
+    tr.add_argument("--steps", type=int, default=TRAINER["steps"], help="timed steps per launch")
+    tr.add_argument(
+        "--warmup", type=int, default=TRAINER["warmup"], help=f"untimed steps first (a multiple of {LOG_EVERY})"
+    )
+    tr.add_argument("--repeats", type=int, default=TRAINER["repeats"], help="launches of each loop, alternating")
+    both = sub.add_parser("all", help="both benchmarks with their default sizes (the default command)")
+    _common(both)
+    return parser
+
+
+def _options(args: argparse.Namespace, defaults: dict) -> dict:
+    """A benchmark's own options: from the command line under its subcommand, its defaults under ``all``."""
+    return {key: getattr(args, key, value) for key, value in defaults.items()}
+
+
+def cache_io_main(args: argparse.Namespace) -> dict:
+    o = _options(args, CACHE_IO)
+    if args.quick:
+        o.update(steps=10, h5py_steps=4, warmup=1)
+    result = cache_io.run(
+        args.out, args.workdir, o["cache_gb"], o["steps"], o["h5py_steps"], o["warmup"], quick=args.quick
+    )
+    print((args.out / "cache_io.md").read_text(), flush=True)
+    return result
+
+
+def trainer_main(args: argparse.Namespace) -> dict:
+    o, log_every = _options(args, TRAINER), LOG_EVERY
+    if args.quick:
+        o, log_every = {"steps": 6, "warmup": 2, "repeats": 1}, 2
+    result = trainer_step.run(
+        args.out, args.workdir, o["steps"], o["warmup"], o["repeats"], args.quick, log_every=log_every
+    )
+    print((args.out / "trainer_step.md").read_text(), flush=True)
+    return result
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options; without a subcommand (none, or only options) the command is ``all``."""
+    argv = list(argv)
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
+        argv.insert(0, "all")  # `make bench BENCH_ARGS=--quick` runs everything
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "trainer" and args.warmup % LOG_EVERY:
+        parser.error(
+            f"trainer: --warmup must be a multiple of {LOG_EVERY}, the logging window, so windows start after it"
+        )
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.bench", description=cache_io.__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("runs/bench"), help="where cache_io.json/.md go")
-    parser.add_argument("--workdir", type=Path, default=Path("runs/bench/work"), help="generated data and caches")
-    parser.add_argument("--cache-gb", type=float, default=1.1, help="size the data is scaled to")
-    parser.add_argument("--steps", type=int, default=400, help="timed steps per rank, loaders (a) and (c)")
-    parser.add_argument("--h5py-steps", type=int, default=40, help="timed steps per rank, loader (b)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps per rank first")
-    parser.add_argument("--quick", action="store_true", help="tiny data and few steps: checks that it runs")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.steps, args.h5py_steps, args.warmup = 10, 4, 1
-    result = cache_io.run(
-        args.out, args.workdir, args.cache_gb, args.steps, args.h5py_steps, args.warmup, quick=args.quick
-    )
-    print((args.out / "cache_io.md").read_text())
-    missed = [name for name, ok in result["targets"].items() if not ok]
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    runs = {"cache-io": [cache_io_main], "trainer": [trainer_main], "all": [cache_io_main, trainer_main]}
+    missed = []
+    try:
+        for bench in runs[args.command]:
+            missed += [name for name, ok in bench(args)["targets"].items() if not ok]
+    except TrainError as e:
+        print(f"benchmark failed: {e}", file=sys.stderr)
+        return e.exit_code
     if missed and args.strict:
         print("missed: " + "; ".join(missed), file=sys.stderr)
         return 1

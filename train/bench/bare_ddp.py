@@ -1,0 +1,102 @@
+"""The reference of the trainer benchmark: the plain DDP loop a competent user would write by hand.
+
+Same model, batches, optimizer, schedule, loss and clipping as train.engine.trainer, and nothing else: no
+stop-request all-reduce, no per-step seeding, no loss bookkeeping, no progress bar, no metrics files. Each
+rank runs it under torchrun (``train.dist.launch.launch(..., module="train.bench.bare_ddp")``) from a run
+folder the launcher prepared; rank 0 writes the timings to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from train.config import load_config
+from train.dist.env import DistEnv
+from train.engine.loaders import build_model, training_loaders
+from train.engine.trainer import warmup_cosine
+from train.worker import load_tasks
+
+
+def window_means(times: list[float], window: int) -> list[float]:
+    """Mean step time of each run of ``window`` consecutive steps (a last, shorter run included), as the
+    trainer's metrics records report it."""
+    return [statistics.fmean(times[i : i + window]) for i in range(0, len(times), window)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train.bench.bare_ddp")
+    parser.add_argument("--run-dir", type=Path, required=True, help="a run folder the launcher prepared")
+    parser.add_argument("--steps", type=int, required=True, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=0, help="untimed steps first")
+    parser.add_argument("--out", type=Path, required=True, help="rank 0 writes its timings here (JSON)")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.run_dir / "config.yaml")
+    dist.init_process_group("gloo")
+    env = DistEnv.from_environ("gloo")
+    tasks = load_tasks(args.run_dir, cfg)
+    total = args.warmup + args.steps
+
+    model = build_model(cfg, tasks, env.device)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    # The trainer's schedule over the same total, so both loops take identical steps.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(min(cfg.train.warmup_steps, total // 2), total)
+    )
+    loaders, _ = training_loaders(cfg, env, tasks, total)
+    iterators = {name: iter(loader) for name, loader in loaders.items()}
+    weights = {t.name: cfg.tasks[t.name].loss_weight for t in tasks}
+    clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf")
+
+    times, first_step_done = [], None
+    start = time.perf_counter()
+    for step in range(total):
+        if step == args.warmup:
+            dist.barrier()  # both ranks start the clock together; nothing syncs inside the timed loop
+            start = time.perf_counter()
+        batches = {name: next(it) for name, it in iterators.items()}
+        preds = ddp({name: b["x"] for name, b in batches.items()})
+        loss = sum(weights[n] * nn.functional.mse_loss(preds[n], b["y"]) for n, b in batches.items())
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        scheduler.step()
+        now = time.perf_counter()
+        if step >= args.warmup:
+            times.append(now - start)
+            start = now
+        first_step_done = first_step_done or time.time()
+
+    if env.is_main:
+        launched = os.environ.get("TRAIN_LAUNCH_TIME")
+        window = cfg.train.log_every
+        result = {
+            "step_time_s": statistics.median(window_means(times, window)),
+            "median_step_s": statistics.median(times),
+            "mean_step_s": statistics.fmean(times),
+            "window": window,
+            "steps": len(times),
+            "warmup": args.warmup,
+            "launch_to_first_step_s": first_step_done - float(launched) if launched else None,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    dist.barrier()  # no rank tears down its gloo group while the other still uses it
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
