@@ -201,11 +201,16 @@ def test_ctrl_c_stops_a_batch_promptly_and_leaves_no_file(tmp_path, monkeypatch)
         (tmp_path / f"x{i}.h5").write_bytes(os.urandom(300 * 1024))  # 3 s per file at 10 ms a chunk
     out = tmp_path / "out"
     jobs = [(SlowStore(tmp_path), f"x{i}.h5", out / f"x{i}.h5") for i in range(3)]
+    # Python's own Ctrl-C handler, whatever started the tests (a shell's background job inherits SIGINT ignored).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     start = time.monotonic()
 
-    with pytest.raises(KeyboardInterrupt):
-        fetch_all(jobs, workers=2, lock_dir=out, show_progress=False)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fetch_all(jobs, workers=2, lock_dir=out, show_progress=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
     assert time.monotonic() - start < 2
     assert leftovers(out) == [".download.lock"] and not (out / download.MANIFEST).exists()
