@@ -15,6 +15,11 @@ DRY_RUN ?=
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 OUT ?=
+# Container targets: CPU=1 on hosts without GPUs (the -cpu services); BASE_IMAGE picks the image's base.
+COMPOSE ?= docker compose
+COMPOSE_FILES ?= compose.yaml
+CPU ?=
+BASE_IMAGE ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -25,7 +30,7 @@ define checked
 	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
 endef
 
-.PHONY: help install train data cache fit evaluate doctor smoke-test slurm bench test test-unit test-distributed test-integration lint format clean
+.PHONY: help install train data cache fit evaluate doctor smoke-test slurm bench test test-unit test-distributed test-integration lint format clean build up docker-smoke docker-test
 
 help: ## List the targets
 	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
@@ -80,13 +85,34 @@ test-distributed: install ## Tests with 2 gloo ranks
 test-integration: install ## torchrun end-to-end tests
 	$(call checked,$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS))
 
-lint: install ## ruff lint and format check
+lint: install ## ruff lint and format check, hadolint on the Dockerfiles
 	$(call checked,$(BIN)/ruff check .)
 	$(call checked,$(BIN)/ruff format --check .)
+	$(call checked,$(BIN)/hadolint Dockerfile scripts/ci/base-cpu.Dockerfile)
 
 format: install ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+COMPOSE_CMD = $(COMPOSE) $(foreach f,$(COMPOSE_FILES),-f $(f)) $(if $(CPU),--profile cpu)
+SUFFIX = $(if $(CPU),-cpu)
+COMPOSE_ENV = $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) CONFIG=$(CONFIG) NPROC=$(NPROC) \
+	TRAIN_ARGS="$(if $(RUN),--run $(RUN)) $(foreach s,$(SET),--set $(s))"
+
+build: ## Build the image (BASE_IMAGE=... picks the base; wheels/ holds wheels for an offline build)
+	$(call checked,$(COMPOSE_ENV) $(COMPOSE_CMD) build train$(SUFFIX))
+
+up: ## Train CONFIG in the container (docker compose up train; CPU=1: train-cpu)
+	@mkdir -p data cache runs
+	@# The container runs as uid 1000: as root, hand it the mounted folders (another user's own are theirs).
+	@if [ "$$(id -u)" = 0 ]; then chown 1000:1000 data cache runs; fi
+	$(call checked,$(COMPOSE_ENV) $(COMPOSE_CMD) up --abort-on-container-exit --exit-code-from train$(SUFFIX) train$(SUFFIX))
+
+docker-smoke: ## The smoke test in the container (docker compose run --rm smoke-test; CPU=1: smoke-test-cpu)
+	$(call checked,$(COMPOSE_ENV) $(COMPOSE_CMD) run --rm smoke-test$(SUFFIX))
+
+docker-test: install ## Container tests against the Docker engine (skipped, with the reason, when there is none)
+	$(call checked,$(BIN)/python -m pytest tests/container $(PYTEST_ARGS))
 
 clean: ## Remove generated data, caches and runs (keeps .venv)
 	rm -rf data cache runs

@@ -148,7 +148,8 @@ def test_the_doctor_sizes_dev_shm_from_the_cache_and_fails_where_it_is_too_small
 
     fits = doctor_in_small_shm(args)
     assert fits.returncode == 0, fits.stdout + fits.stderr
-    assert re.search(rf"PASS\s+/dev/shm\s+64 MiB free of 64 MiB; needs {need(WORKERS)}", fits.stdout), fits.stdout
+    assert re.search(rf"WARN\s+/dev/shm\s+64 MiB free of 64 MiB; needs {need(WORKERS)}, but this is Docker's 64 MB",
+                     fits.stdout), fits.stdout  # fmt: skip
     # Six times the workers: their in-flight batches no longer fit.
     too_many = doctor_in_small_shm(args, "--set", "train.num_workers=24")
     assert too_many.returncode == 4, too_many.stdout + too_many.stderr

@@ -185,6 +185,12 @@ def test_docker_default_shm_fails_for_eight_gpus():
     assert roomy.status == PASS
 
 
+def test_dockers_default_shm_warns_even_when_it_suffices():
+    check = check_shm(config(), 2, {}, facts(shm=(64 * MiB, 64 * MiB)))
+    assert check.status == WARN and "Docker's 64 MB default" in check.detail and "--shm-size" in check.fix
+    assert check_shm(config(), 2, {}, facts(shm=(1 << 30, 1 << 30))).status == PASS
+
+
 def test_shm_just_above_the_need_warns():
     caches = {"advection1d": cache(grid=(64,)), "darcy2d": cache(grid=(16, 16), autoregressive=False)}
     cfg = config("train.num_workers=4")

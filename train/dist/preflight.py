@@ -26,6 +26,7 @@ from train.errors import ConfigError, PreflightError
 log = logging.getLogger(__name__)
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
+DOCKER_DEFAULT_SHM = 64 * MiB  # what a container's /dev/shm is unless --shm-size, shm_size or ipc: host
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,13 @@ def check_shm(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None], f
         return Check("/dev/shm", FAIL, f"{have}, this config needs {mib(need)}: {how}", fix)
     if free < 2 * need:
         return Check("/dev/shm", WARN, f"{have}, little above the {mib(need)} needed: {how}", fix)
+    if size <= DOCKER_DEFAULT_SHM:
+        # Enough for this config, but the size every container gets unless asked: the next change (workers,
+        # GPUs) is the seed's SIGBUS. Say so now, while it is cheap to fix.
+        return Check(
+            "/dev/shm", WARN, f"{have}; needs {mib(need)}, but this is Docker's 64 MB default: more DataLoader "
+            "workers or NCCL across GPUs will exhaust it", fix,
+        )  # fmt: skip
     return Check("/dev/shm", PASS, f"{have}; needs {mib(need)}")
 
 

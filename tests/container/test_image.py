@@ -1,0 +1,89 @@
+"""The image against a real Docker engine: build, compose, /dev/shm, exit codes, user, secrets."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from tests.container.conftest import BASE_IMAGE, compose
+from tests.helpers import REPO
+
+SENTINEL = "K005entinelSecretValue9Q"  # a B2 key that must never appear in the image or its logs
+
+
+def test_compose_file_validates_with_compose_v2(compose_v2):
+    for files in (["compose.yaml"], ["compose.yaml", "compose.ci.yaml"]):
+        args = [a for f in files for a in ("-f", f)]
+        proc = subprocess.run(["docker", "compose", *args, "config", "--quiet"], cwd=REPO, capture_output=True)
+        assert proc.returncode == 0, (files, proc.stderr)
+    out = compose("config", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    assert services["train"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert "deploy" not in services["train-cpu"] and "deploy" not in services["smoke-test-cpu"]
+    for service in services.values():
+        assert int(service["shm_size"]) >= 8 << 30 and service["init"] is True
+
+
+def test_the_smoke_test_passes_inside_with_the_configured_shm(image, mounts):
+    proc = compose("run", "--rm", "smoke-test-cpu", env={**mounts, "SHM_SIZE": "1g", "NPROC": "2"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "smoke test passed" in proc.stdout + proc.stderr
+    shm = compose("run", "--rm", "train-cpu", "df", "-k", "--output=size", "/dev/shm", env={**mounts, "SHM_SIZE": "1g"})
+    assert shm.returncode == 0, shm.stderr
+    assert int(shm.stdout.split()[-1]) == 1 << 20  # KiB
+
+
+def test_a_failing_config_fails_docker_compose_run(image, mounts):
+    proc = compose("run", "--rm", "train-cpu", env={**mounts, "TRAIN_ARGS": "--set train.epochs=0"})
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "train.epochs" in proc.stderr
+
+
+def test_the_default_training_completes_at_dockers_default_64mb_shm(client, image, mounts):
+    """The seed's failure: a 2-task run in a container with Docker's default /dev/shm. Caches are memory-mapped
+    files, not shared memory, so training finishes; the doctor warns about the small /dev/shm and says how to
+    enlarge it."""
+    volumes = {mounts[f"{n.upper()}_DIR"]: {"bind": f"/{n}", "mode": "rw"} for n in ("data", "cache", "runs")}
+    container = client.containers.run(image, environment={"NPROC": "2"}, volumes=volumes, detach=True, init=True)
+    try:
+        result = container.wait(timeout=1500)
+        logs = container.logs().decode(errors="replace")
+        shm = container.attrs["HostConfig"]["ShmSize"]
+    finally:
+        container.remove(force=True)
+    assert shm in (0, 64 << 20), "the test must run at Docker's default /dev/shm size"
+    assert result["StatusCode"] == 0, logs[-4000:]
+    assert re.search(r"WARN\s+/dev/shm.*64", logs), logs[:3000]
+    assert "--shm-size" in logs
+    summary = json.loads((Path(mounts["RUNS_DIR"]) / "default" / "report" / "summary.json").read_text())
+    for task, scores in summary.items():
+        assert scores["nrmse"] < scores["baseline_nrmse"], (task, scores)
+
+
+def test_the_process_runs_as_non_root_and_a_runtime_secret_stays_out_of_image_and_logs(client, image, mounts):
+    assert client.containers.run(image, ["id", "-u"], remove=True).decode().strip() == "1000"
+    env = {"B2_APPLICATION_KEY_ID": "0051234567890000000000001", "B2_APPLICATION_KEY": SENTINEL, "DEBUG": "1"}
+    volumes = {mounts["RUNS_DIR"]: {"bind": "/runs", "mode": "rw"}}
+    # DEBUG=1 logs the launcher's whole environment (redacted): the place a key would leak first.
+    command = ["python", "-m", "train", "smoke", "--config", "configs/tiny.yaml", "--nproc", "1", "--skip-compile"]
+    container = client.containers.run(image, command, environment=env, volumes=volumes, detach=True, init=True)
+    try:
+        status = container.wait(timeout=300)["StatusCode"]
+        logs = container.logs().decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    assert status == 0, logs[-3000:]
+    assert "B2_APPLICATION_KEY=<redacted>" in logs or "'B2_APPLICATION_KEY': '<redacted>'" in logs, logs[-3000:]
+    assert SENTINEL not in logs
+    for path in Path(mounts["RUNS_DIR"]).rglob("*"):
+        assert not path.is_file() or SENTINEL.encode() not in path.read_bytes(), path
+    built = client.images.get(image)
+    assert SENTINEL not in json.dumps(built.attrs) and SENTINEL not in json.dumps(built.history())
+    assert built.attrs["Config"]["User"] == "1000:1000"
+    # torch came from the base image: the project's layers never reinstalled it.
+    base_torch = client.containers.run(BASE_IMAGE, ["python", "-c", "import torch; print(torch.__file__)"], remove=True)
+    ours = client.containers.run(image, ["python", "-c", "import torch; print(torch.__file__)"], remove=True)
+    assert ours == base_torch
