@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 from tests.container.conftest import BASE_IMAGE, compose
@@ -87,3 +88,28 @@ def test_the_process_runs_as_non_root_and_a_runtime_secret_stays_out_of_image_an
     base_torch = client.containers.run(BASE_IMAGE, ["python", "-c", "import torch; print(torch.__file__)"], remove=True)
     ours = client.containers.run(image, ["python", "-c", "import torch; print(torch.__file__)"], remove=True)
     assert ours == base_torch
+
+
+def test_docker_stop_checkpoints_and_the_container_exits_75(client, image, mounts):
+    """docker stop (SIGTERM to tini, PID 1): the launcher gets it, the ranks agree on a step and checkpoint, and
+    the container's exit code is the training's 75 ("run it again to resume"), well within the grace period."""
+    volumes = {mounts[f"{n.upper()}_DIR"]: {"bind": f"/{n}", "mode": "rw"} for n in ("data", "cache", "runs")}
+    args = "--set train.steps_per_epoch=100000 --set train.log_every=1"
+    container = client.containers.run(
+        image, environment={"CONFIG": "configs/tiny.yaml", "NPROC": "2", "TRAIN_ARGS": args}, volumes=volumes,
+        detach=True, init=True, shm_size="256m",
+    )  # fmt: skip
+    metrics = Path(mounts["RUNS_DIR"]) / "tiny" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (metrics.is_file() and metrics.stat().st_size > 0):
+            time.sleep(0.5)
+        assert metrics.is_file(), container.logs().decode(errors="replace")[-3000:]
+        container.stop(timeout=150)
+        status = container.wait(timeout=60)["StatusCode"]
+        logs = container.logs().decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    assert status == 75, logs[-3000:]
+    marker = json.loads((Path(mounts["RUNS_DIR"]) / "tiny" / "preempted.json").read_text())
+    assert (Path(mounts["RUNS_DIR"]) / "tiny" / "checkpoints" / f"step_{marker['global_step']:08d}.pt").is_file()
