@@ -25,6 +25,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, RandomSampler
 
+from train.bench import save_result
 from train.bench.procmem import ShmPeak, pss_bytes, shm_size_bytes
 from train.config import TaskConfig
 from train.data.cache import CHECKSUMS, CacheInfo, build_cache
@@ -358,9 +359,7 @@ def run(out: Path, workdir: Path, cache_gb: float, steps: int, h5py_steps: int, 
         "loaders": loaders,
         "targets": targets,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cache_io.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "cache_io.md").write_text(markdown(result))
+    save_result(out, "cache_io", result, markdown(result))
     return result
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from train.atomic import write_json_atomic
+from train.bench import save_result
 from train.config import Config, load_config
 from train.data.sources import stage_data
 from train.dist.launch import launch
@@ -145,9 +146,7 @@ def run(out: Path, workdir: Path, steps: int, warmup: int, repeats: int, quick: 
         "repeats": results,
         "targets": {TARGET_NAME: ratio <= TARGET},
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "trainer_step.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "trainer_step.md").write_text(markdown(result))
+    save_result(out, "trainer_step", result, markdown(result))
     return result
 
 
