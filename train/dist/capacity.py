@@ -63,13 +63,6 @@ def checkpoint_bytes(cfg: Config) -> int:
     return int(m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model**2 * 4 * 3 * 1.2)
 
 
-def checkpoint_bytes(cfg: Config) -> int:
-    """A checkpoint's size, estimated from the processor: weights plus AdamW's two moments, in float32, and a
-    fifth more for the task encoders and decoders."""
-    m = cfg.model
-    return int(m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model**2 * 4 * 3 * 1.2)
-
-
 def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> list[tuple[Path, int, list[str]]]:
     """(an existing folder on it, bytes needed, the configured folders) per filesystem: checkpoints kept plus
     one being written, and each missing cache (about its source file's size)."""
