@@ -22,6 +22,7 @@ import torch
 from tests.helpers import REPO, folders, run_cli
 from train.bench.procmem import child_pids
 from train.engine.checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, load_checkpoint
+from train.obs.sinks import read_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -76,10 +77,9 @@ def wait_for_step(proc: subprocess.Popen, metrics: Path, step: int, timeout: flo
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"the run ended before step {step}: {proc.communicate()[1][-3000:]}"
-        if metrics.is_file():
-            lines = [json.loads(line) for line in metrics.read_text().splitlines() if '"loss"' in line]
-            if lines and lines[-1]["step"] >= step:
-                return lines[-1]["step"]
+        lines = [r for r in read_metrics(metrics) if "loss" in r]  # rank 0 may be mid-line: whole lines only
+        if lines and lines[-1]["step"] >= step:
+            return lines[-1]["step"]
         time.sleep(0.005)
     raise AssertionError(f"step {step} not reached in {timeout} s")
 

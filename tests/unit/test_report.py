@@ -19,6 +19,7 @@ from train.engine.metrics import KEYS
 from train.model.multitask import TaskSpec
 from train.obs import plots
 from train.obs.report import report_is_current, write_report
+from train.obs.sinks import read_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -157,7 +158,7 @@ def test_loss_curves_of_an_empty_or_missing_file_write_nothing(tmp_path):
 
 def test_loss_series_keep_file_order_and_ignore_other_keys(tmp_path):
     _write_metrics(tmp_path / "metrics.jsonl")
-    records = plots._records(tmp_path / "metrics.jsonl")
+    records = read_metrics(tmp_path / "metrics.jsonl")
     assert len(records) == 6  # the cut last line is skipped
     train = plots._series(records, "loss/")
     val = plots._series(records, "val/", skip=("val/loss",))

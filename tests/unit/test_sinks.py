@@ -11,7 +11,7 @@ import numpy as np
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.record_writer import masked_crc32c
 
-from train.obs.sinks import MetricSinks
+from train.obs.sinks import MetricSinks, read_metrics
 
 
 def _lines(run_dir: Path) -> list[dict]:
@@ -117,3 +117,39 @@ def test_tensorboard_folder_waits_for_the_first_write(tmp_path):
     with MetricSinks(tmp_path):
         pass
     assert not (tmp_path / "tensorboard").exists()
+
+
+def test_reading_metrics_while_a_record_is_half_written_sees_only_complete_records(tmp_path):
+    """A reader polling metrics.jsonl (a test waiting for a step, the report) can catch rank 0 mid-line."""
+    path = tmp_path / "metrics.jsonl"
+    line = json.dumps({"step": 2, "loss": 0.25}) + "\n"
+    path.write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n" + line[: len(line) // 2])
+    assert read_metrics(path) == [{"step": 1, "loss": 0.5}]
+    with open(path, "a") as f:
+        f.write(line[len(line) // 2 :])
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    path.write_text(line[:-3])  # the first line itself unfinished, ending inside a number
+    assert read_metrics(path) == []
+    assert read_metrics(tmp_path / "missing.jsonl") == []
+
+
+def test_metrics_read_during_a_real_writers_appends_are_always_whole(tmp_path):
+    """Another process appends records with the run's own sink while this one reads as fast as it can."""
+    import subprocess
+    import sys
+
+    writer = (
+        "import sys; from pathlib import Path; from train.obs.sinks import MetricSinks\n"
+        "s = MetricSinks(Path(sys.argv[1]))\n"
+        # no scalars (no TensorBoard); lines up to 12 kB straddle the 8 kB write buffer, so appends land in parts
+        "for i in range(2000): s.write({'step': i, 'note': 'x' * (i * 7 % 12000)})\n"
+        "s.close()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", writer, str(tmp_path)])
+    reads = 0
+    while proc.poll() is None or reads == 0:
+        records = read_metrics(tmp_path / "metrics.jsonl")
+        assert [r["step"] for r in records] == list(range(len(records)))
+        reads += 1
+    assert proc.returncode == 0
+    assert len(read_metrics(tmp_path / "metrics.jsonl")) == 2000

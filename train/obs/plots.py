@@ -6,13 +6,13 @@ its own Agg canvas, never pyplot: no global backend is switched and no GUI is ev
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
 from train.atomic import atomic_path
+from train.obs.sinks import read_metrics
 
 
 def _new_figure(width: float, height: float):
@@ -28,23 +28,6 @@ def _save(fig, png: Path) -> None:
     # The temporary name ends in .tmp, so the format must be named.
     with atomic_path(png) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-
-
-def _records(metrics_path: Path) -> list[dict]:
-    """The JSON objects of metrics.jsonl in file order; lines that are not (a crash cut the last one) skipped."""
-    try:
-        lines = Path(metrics_path).read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 def _number(value) -> bool:
@@ -76,7 +59,7 @@ def loss_curves(metrics_path: Path, png: Path) -> bool:
 
     Returns False, writing nothing, when ``metrics_path`` is missing or holds no per-task loss.
     """
-    records = _records(metrics_path)
+    records = read_metrics(metrics_path)
     train = _series(records, "loss/")
     val = _series(records, "val/", skip=("val/loss",))
     if not train and not val:

@@ -36,6 +36,24 @@ def _scalar(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def read_metrics(path: Path | str) -> list[dict]:
+    """The records of a metrics.jsonl in file order, also while rank 0 is appending to it: only lines that end in
+    a newline are complete, and a line that is no JSON object (a crash cut it) is skipped."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in data.split(b"\n")[:-1]:  # what follows the last newline is still being written
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 class MetricSinks:
     """Appends each metrics record to ``run_dir/metrics.jsonl`` and plots its numbers in ``run_dir/tensorboard/``.
 
