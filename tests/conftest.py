@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,3 +38,39 @@ def write_yaml(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+# A busy process: spins until the test session that started it is gone (bounded by its parent's life).
+_BUSY = """
+import os, sys, time
+parent = int(sys.argv[1])
+while os.getppid() == parent:
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        pass
+"""
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--cpu-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the tests beside N busy processes, as on a shared machine (make test-load)",
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_load(request):
+    n = request.config.getoption("--cpu-load")
+    busy = [subprocess.Popen([sys.executable, "-c", _BUSY, str(os.getpid())]) for _ in range(n)]
+    yield
+    for proc in busy:
+        proc.kill()
+        proc.wait()
+
+
+def pytest_report_header(config):
+    n = config.getoption("--cpu-load")
+    return f"cpu load: {n} busy process(es) beside the tests on {os.cpu_count()} core(s)" if n else None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -96,3 +98,45 @@ def rank_trainer(run_dir: Path):
     env = init_distributed(DistEnv.from_environ("gloo"), 60)
     setup_logging(f"rank{env.rank}", run_dir / "logs" / f"rank{env.rank}.log", console=False)
     return Trainer(cfg, env, load_tasks(run_dir, cfg), run_dir)
+
+
+@functools.cache
+def startup_s() -> float:
+    """Seconds this machine takes, now, to start a launcher (Python, torch and the package imported).
+
+    Tests that wait on other processes size their deadlines in multiples of it, so a deadline that holds on a
+    quiet machine holds on a busy one too; measured once per test session."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch.distributed.run, train.pipeline"], cwd=REPO, check=True)
+    return time.monotonic() - start
+
+
+def launch_in_background(*args: str, env: dict | None = None, log: Path | None = None) -> subprocess.Popen:
+    """``python -m train ARGS`` started in a session of its own (the test can signal the whole job), output
+    captured as text; with ``log``, both go to that file instead, to be polled while the launch runs."""
+    output = open(log, "w") if log is not None else None  # noqa: SIM115 - closed once the child holds it
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "train", *args],
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+            stdout=output or subprocess.PIPE,
+            stderr=subprocess.STDOUT if output else subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    finally:
+        if output is not None:
+            output.close()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """Poll ``condition`` every 10 ms until it holds; fail naming ``what`` (and ``proc``'s output if it ended)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            output = proc.communicate()[1][-3000:]
+            raise AssertionError(f"the process ended ({proc.returncode}) before {what}: {output}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(0.01)

@@ -8,7 +8,8 @@ import os
 import sys
 
 from train.config import load_config
-from train.errors import TrainError
+from train.dist.stop import stop_on_signals
+from train.errors import StopRequested, TrainError
 from train.obs.log import setup_logging
 
 log = logging.getLogger("train")
@@ -69,29 +70,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     setup_logging("launcher")
     try:
-        cfg = load_config(args.config, args.overrides, run_name=args.run or None)
-        # torch is imported only once the config is known to be good
-        if args.command == "doctor":
-            from train.dist.preflight import doctor
-
-            doctor(cfg, args.nproc)
-        elif args.command == "smoke":
-            from train.smoke import run_smoke
-
-            run_smoke(cfg, args.nproc, compile_step=not args.skip_compile, preflight=not args.skip_doctor)
-        elif args.command == "slurm":
-            from train.slurm import write_sbatch
-
-            write_sbatch(cfg, args.config, args.overrides, args.output)
-        else:
-            from train.pipeline import run_stages
-
-            preflight = args.command in LAUNCHING and not args.skip_doctor
-            run_stages(cfg, args.command, args.nproc, dry_run=args.dry_run, preflight=preflight)
+        with stop_on_signals():
+            _dispatch(args)
     except TrainError as e:
         print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except StopRequested as e:
+        print(f"stopped: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _dispatch(args: argparse.Namespace) -> None:
+    cfg = load_config(args.config, args.overrides, run_name=args.run or None)
+    # torch is imported only once the config is known to be good
+    if args.command == "doctor":
+        from train.dist.preflight import doctor
+
+        doctor(cfg, args.nproc)
+    elif args.command == "smoke":
+        from train.smoke import run_smoke
+
+        run_smoke(cfg, args.nproc, compile_step=not args.skip_compile, preflight=not args.skip_doctor)
+    elif args.command == "slurm":
+        from train.slurm import write_sbatch
+
+        write_sbatch(cfg, args.config, args.overrides, args.output)
+    else:
+        from train.pipeline import run_stages
+
+        preflight = args.command in LAUNCHING and not args.skip_doctor
+        run_stages(cfg, args.command, args.nproc, dry_run=args.dry_run, preflight=preflight)

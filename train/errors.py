@@ -39,6 +39,15 @@ class Preempted(TrainError):
     exit_code = 75
 
 
+class StopRequested(BaseException):
+    """SIGTERM or SIGUSR1 reached the launcher before or between launches of the ranks (doctor, data, cache,
+    waiting for other nodes). Raised wherever the launcher was, so every stage unwinds its temporary files;
+    nothing is lost and a re-run continues, so the exit code is Preempted's. A BaseException: no
+    ``except Exception`` on the way may swallow it."""
+
+    exit_code = 75
+
+
 # Written into the run folder by rank 0 once a stop request has been honoured with a checkpoint; the
 # launcher then exits 75 whatever torchrun reports.
 PREEMPTED_MARKER = "preempted.json"

@@ -17,6 +17,7 @@ from train.data.latent import build_latent_cache
 from train.data.sources import SplitFiles, stage_data
 from train.dist.launch import launch, resolve_nproc
 from train.dist.preflight import check_shm_at_launch, doctor
+from train.dist.session import LaunchSession, launch_session
 from train.engine.checkpoint import archive_checkpoints, latest_checkpoint, load_checkpoint
 from train.errors import ConfigError
 from train.model.multitask import TaskSpec, check_specs
@@ -102,16 +103,28 @@ def run_stages(
 
     ``dry_run`` stops after printing what the data stage would fetch; ``b2_api`` replaces the B2 client
     built from the environment (tests use b2sdk's simulator); ``preflight`` runs the doctor first, and its
-    /dev/shm check again once the caches are known.
+    /dev/shm check again once the caches are known. Commands that start ranks hold the run folder (and, across
+    nodes, meet the other launchers) from their first stage to their last.
     """
-    if preflight and not dry_run:
-        doctor(cfg, nproc, quiet=True, data=False)
-    sources = stage_data(cfg, dry_run=dry_run, b2_api=b2_api)
-    if command == "data" or dry_run:
+    if command in ("data", "cache") or dry_run:
+        sources = stage_data(cfg, dry_run=dry_run, b2_api=b2_api)
+        if command == "cache" and not dry_run:
+            stage_cache(cfg, sources)
         return None
+    with launch_session(cfg, run_dir_of(cfg)) as session:
+        return _launch_stages(cfg, command, nproc, session, b2_api=b2_api, preflight=preflight)
+
+
+def _launch_stages(
+    cfg: Config, command: str, nproc: str | int | None, session: LaunchSession, *, b2_api, preflight: bool
+) -> Path:
+    if preflight:
+        doctor(cfg, nproc, quiet=True, data=False, rendezvous_held=session.hosts_rendezvous)
+    session.between_stages()
+    sources = stage_data(cfg, b2_api=b2_api)
+    session.between_stages()
     folders = stage_cache(cfg, sources)
-    if command == "cache":
-        return None
+    session.between_stages()
     run_dir = prepare_run_dir(cfg)
     write_json_atomic(run_dir / INPUTS, folders)
     stages = []
@@ -132,6 +145,7 @@ def run_stages(
         n = resolve_nproc(nproc, cfg)
         if preflight:
             check_shm_at_launch(cfg, n, {name: CacheInfo.load(Path(f["cache"])) for name, f in folders.items()})
+        session.ready_to_launch()
         launch(run_dir, n, cfg, ["--run-dir", str(run_dir), "--stages", ",".join(stages)])
     if command in ("run", "evaluate"):
         summary = json.loads((run_dir / "report" / "summary.json").read_text())

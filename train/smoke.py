@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from train.atomic import write_json_atomic, write_text_atomic
 from train.config import Config, load_config, to_yaml
 from train.dist.env import DistEnv, destroy_distributed, init_distributed, rank_from_environ
+from train.dist.run_lock import hold_for_rank
 from train.engine.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
 from train.errors import DistributedError, TrainError
 from train.obs.log import setup_logging
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-compile", action="store_true")
     args = parser.parse_args(argv)
     cfg = load_config(args.run_dir / "config.yaml")
+    hold_for_rank()
     rank = rank_from_environ()
     setup_logging(f"rank{rank}", args.run_dir / "logs" / f"rank{rank}.log", console=rank == 0)
     try:
@@ -252,14 +254,18 @@ def run_smoke(cfg: Config, nproc: str | int | None, *, compile_step: bool = True
     """Launch the smoke test on this node (launcher side); raises on any failed check."""
     from train.dist.launch import launch, resolve_nproc
     from train.dist.preflight import doctor
+    from train.dist.session import launch_session
 
-    if preflight:
-        doctor(cfg, nproc, caches={}, quiet=True, data=False)
     run_dir = Path(cfg.run.runs_dir) / "smoke"
-    write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
-    start = time.perf_counter()
-    args = ["--run-dir", str(run_dir)] + ([] if compile_step else ["--skip-compile"])
-    launch(run_dir, resolve_nproc(nproc, cfg), cfg, args, module="train.smoke")
+    with launch_session(cfg, run_dir) as session:
+        if preflight:
+            doctor(cfg, nproc, caches={}, quiet=True, data=False, rendezvous_held=session.hosts_rendezvous)
+        write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
+        start = time.perf_counter()
+        args = ["--run-dir", str(run_dir)] + ([] if compile_step else ["--skip-compile"])
+        n = resolve_nproc(nproc, cfg)
+        session.ready_to_launch()
+        launch(run_dir, n, cfg, args, module="train.smoke")
     log.info("smoke test passed in %.1f s; results in %s", time.perf_counter() - start, run_dir / "smoke.json")
     return run_dir
 

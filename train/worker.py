@@ -17,6 +17,7 @@ from train.config import load_config
 from train.data.cache import CacheInfo
 from train.data.latent import LatentInfo
 from train.dist.env import DistEnv, destroy_distributed, init_distributed, rank_from_environ
+from train.dist.run_lock import hold_for_rank
 from train.engine.checkpoint import checkpoint_for_evaluation, load_checkpoint
 from train.engine.evaluate import TaskData, evaluate_split, example_prediction
 from train.engine.loaders import build_model
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--stages", default="fit,evaluate", help="comma-separated: fit, evaluate")
     args = parser.parse_args(argv)
+    hold_for_rank()
     cfg = load_config(args.run_dir / "config.yaml")
     rank = rank_from_environ()
     setup_logging(f"rank{rank}", args.run_dir / "logs" / f"rank{rank}.log", console=rank == 0)

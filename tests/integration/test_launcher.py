@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.helpers import REPO, folders, free_port, run_cli
+from tests.helpers import REPO, folders, free_port, launch_in_background, run_cli, startup_s
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +36,7 @@ def test_a_node_that_never_arrives_ends_the_rendezvous_in_bounded_time(tmp_path)
     )  # fmt: skip
     elapsed = time.monotonic() - start
     assert proc.returncode == 5, proc.stderr[-3000:]
-    assert "A node never arrived within dist.timeout_s=10s" in proc.stderr
+    assert "node(s) 1 never reached the launch" in proc.stderr and "dist.timeout_s=10s" in proc.stderr
     assert env["RDZV_ENDPOINT"] in proc.stderr
     assert elapsed < 90
 
@@ -79,3 +80,71 @@ def test_a_signal_to_the_launcher_reaches_the_ranks_and_sets_the_exit_code(tmp_p
     assert "stopped by SIGUSR1" in stderr and "re-run the same command to resume" in stderr
     step = json.loads((tmp_path / "runs" / "tiny" / "preempted.json").read_text())["global_step"]
     assert (tmp_path / "runs" / "tiny" / "checkpoints" / f"step_{step:08d}.pt").is_file()
+
+
+def two_nodes(tmp_path, node_env: dict[int, dict], *extra: str) -> tuple[str, list[subprocess.Popen]]:
+    """Two launchers of one smoke test on this machine, as two nodes meeting at NODE_RANK 0's endpoint."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    args = ["smoke", "--config", "configs/tiny.yaml", "--nproc", "1", "--skip-compile", *extra, *folders(tmp_path)]
+    procs = []
+    for node in (0, 1):
+        env = {"NNODES": "2", "NODE_RANK": str(node), "RDZV_ENDPOINT": endpoint, "RDZV_ID": "t2", **node_env[node]}
+        procs.append(launch_in_background(*args, env=env))
+    return endpoint, procs
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_node_whose_peer_fails_preflight_stops_at_once_naming_the_peer_and_endpoint(tmp_path, failing):
+    """No GPU here, so DDP_BACKEND=nccl fails the doctor's library check on one node (exit 4). The other node
+    must not wait dist.timeout_s (300 s) for it: it ends within a few launcher start-up times."""
+    start = time.monotonic()
+    endpoint, procs = two_nodes(tmp_path, {failing: {"DDP_BACKEND": "nccl"}, 1 - failing: {}})
+    budget = 300 / 2
+    outputs = [p.communicate(timeout=budget) for p in procs]
+    elapsed = time.monotonic() - start
+    failed, other = procs[failing], procs[1 - failing]
+    assert failed.returncode == 4, outputs[failing][1][-3000:]
+    assert other.returncode == 5, outputs[1 - failing][1][-3000:]
+    message = outputs[1 - failing][1]
+    assert endpoint in message
+    assert f"node {failing} failed before the launch" in message or "lost node 0's launcher" in message
+    assert "preflight failed (libraries)" in message or failing == 0
+    assert elapsed < 20 * startup_s(), f"{elapsed:.0f} s; a launcher starts in {startup_s():.1f} s here"
+
+
+def test_a_busy_rendezvous_port_stops_node_0_at_once_naming_it(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        endpoint = f"127.0.0.1:{holder.getsockname()[1]}"
+        env = {"NNODES": "2", "NODE_RANK": "0", "RDZV_ENDPOINT": endpoint}
+        proc = run_cli("smoke", "--config", "configs/tiny.yaml", "--nproc", "1", *folders(tmp_path), env=env)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert f"node 0 cannot host the rendezvous at {endpoint}: port" in proc.stderr and "already in use" in proc.stderr
+
+
+DRIVER = """
+import sys
+from pathlib import Path
+from train.config import load_config
+from train.dist.launch import launch
+from train.errors import TrainError
+try:
+    launch(Path(sys.argv[1]), 2, load_config("configs/tiny.yaml"), [sys.argv[2]], module="tests.ranks")
+except TrainError as e:
+    print(e, file=sys.stderr)
+    sys.exit(e.exit_code)
+"""
+
+
+def test_a_rank_that_aborts_after_its_peers_config_error_is_not_blamed(tmp_path):
+    """Rank 0 exits with a config error; rank 1 dies by SIGABRT as a consequence. The launch exits 2 and names
+    rank 0's error first (it used to put any signal first: exit 134)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(tmp_path / "run"), "abort-after-peer-error"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    summary = proc.stderr.split("training failed:", 1)[1]
+    assert summary.strip().startswith("rank 0 ") and "with code 2: ConfigError" in summary.splitlines()[1]
+    assert "rank 0 found a bad setting (tasks.x.y)" in summary

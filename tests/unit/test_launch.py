@@ -69,7 +69,7 @@ def test_torchrun_argv_single_and_multi_node(tmp_path):
     multi = torchrun_argv(topology_from_environ(env, "r"), 8, cfg, tmp_path, "train.worker", [], debug=True)
     assert "--standalone" not in multi
     assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400", "--rdzv-id=j"} <= set(multi)
-    assert "--rdzv-conf=join_timeout=45" in multi
+    assert "--rdzv-conf=join_timeout=45,is_host=false" in multi
     assert not any(a.startswith("--local-ranks-filter") for a in multi), "DEBUG shows every rank"
 
 

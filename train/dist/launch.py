@@ -18,7 +18,15 @@ import torch
 
 from train.config import Config
 from train.dist.topology import Topology, nproc_for, topology_from_environ
-from train.errors import PREEMPTED_MARKER, DistributedError, Preempted, PreflightError, TrainError
+from train.errors import (
+    PREEMPTED_MARKER,
+    ConfigError,
+    DataError,
+    DistributedError,
+    Preempted,
+    PreflightError,
+    TrainError,
+)
 from train.obs.log import debug_enabled, redacted_environ
 
 log = logging.getLogger(__name__)
@@ -88,7 +96,9 @@ def torchrun_argv(
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={topology.endpoint}",
             f"--rdzv-id={topology.run_id}",
-            f"--rdzv-conf=join_timeout={cfg.dist.timeout_s}",
+            # Node 0's launcher hosts the store for the whole launch (train.dist.node_barrier); no agent may
+            # bind it, or a second launcher on the same host could take the port first.
+            f"--rdzv-conf=join_timeout={cfg.dist.timeout_s},is_host=false",
         ]
     else:
         where = ["--standalone"]
@@ -135,7 +145,8 @@ def detail_debug_works() -> bool:
     while logging DDP's construction, which would turn DEBUG=1 into a crash of every rank."""
     from train.dist.env import free_port
 
-    env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(free_port())
     probe = subprocess.run([sys.executable, "-c", _DETAIL_PROBE], env=env, capture_output=True, timeout=120)
     return probe.returncode == 0
 
@@ -150,13 +161,26 @@ def _first_error(failure) -> str:
     return message if len(message) <= 2000 else message[:2000] + " ..."
 
 
+# Errors a rank raises for a cause it found itself (a bad setting, bad data, an unusable machine): never the
+# consequence of another rank's failure, whatever the others died of afterwards. Read from the error file the
+# rank recorded, because the agent may SIGTERM a rank still tearing down after such an error.
+OWN_CAUSES = {cls.__name__: cls.exit_code for cls in (ConfigError, DataError, PreflightError)}
+
+
+def own_cause_code(failure) -> int | None:
+    """The exit code of the config, data or preflight error this rank recorded, if it recorded one."""
+    return OWN_CAUSES.get(_first_error(failure).split(":", 1)[0])
+
+
 def describe_failure(rank: int, failure) -> str:
     """One line (or a few) per failed rank: exit code or signal, a hint, and its first recorded error."""
+    error, own = _first_error(failure), own_cause_code(failure)
     if failure.exitcode < 0:
         sig = signal.Signals(-failure.exitcode)
+        if own is not None:
+            return f"rank {rank} failed with code {own}: {error}\n    (then killed by {sig.name} while shutting down)"
         hint = SIGNAL_HINTS.get(sig, "")
         return f"rank {rank} was killed by {sig.name}{': ' + hint if hint else ''}"
-    error = _first_error(failure)
     text = f"rank {rank} exited with code {failure.exitcode}{': ' + error if error else ''}"
     if "timed out" in error.lower() or "timeout" in error.lower():
         text += f"\n    hint: {TIMEOUT_HINT}"
@@ -164,17 +188,24 @@ def describe_failure(rank: int, failure) -> str:
 
 
 def _blame_order(failure) -> int:
-    """Root cause first: a rank killed from outside (SIGKILL, SIGBUS, ...) takes its peers down with it, and
-    their errors ("connection reset by peer") are consequences; SIGTERM is what the agent sends to the
-    survivors, so it comes last."""
+    """Root cause first. A rank that recorded a config, data or preflight error found the problem itself; so
+    did a rank killed from outside (SIGKILL, SIGBUS, ...). Their peers' errors ("connection reset by peer") are
+    consequences, and so is SIGABRT: gloo's teardown and NCCL's watchdog abort a rank after a peer has gone.
+    SIGTERM is what the agent sends to the survivors, so it comes last."""
+    if own_cause_code(failure) is not None:
+        return 0
     if failure.exitcode < 0:
-        return 3 if -failure.exitcode == signal.SIGTERM else 0
+        return {signal.SIGABRT: 3, signal.SIGTERM: 4}.get(-failure.exitcode, 0)
     return 1 if os.path.isfile(failure.error_file) else 2
 
 
 def exit_code_of(failure) -> int:
-    """The rank's own code; a signal N becomes 128+N, as a shell reports it (137: SIGKILL, 135: SIGBUS)."""
-    return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+    """The rank's own code (that of the error it recorded, if it was killed while shutting down after it); a
+    signal N becomes 128+N, as a shell reports it (137: SIGKILL, 135: SIGBUS)."""
+    if failure.exitcode > 0:
+        return failure.exitcode
+    own = own_cause_code(failure)
+    return own if own is not None else 128 - failure.exitcode
 
 
 def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str], module: str = "train.worker") -> None:
@@ -213,8 +244,11 @@ def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str], modul
     try:
         run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
-        if (run_dir / PREEMPTED_MARKER).is_file() and all(f.exitcode == Preempted.exit_code for f in e.failures.values()):
-            raise Preempted(f"stopped by a signal, checkpoint saved in {run_dir}; re-run the same command to resume")
+        preempted = all(f.exitcode == Preempted.exit_code for f in e.failures.values())
+        if preempted and (run_dir / PREEMPTED_MARKER).is_file():
+            raise Preempted(
+                f"stopped by a signal, checkpoint saved in {run_dir}; re-run the same command to resume"
+            ) from None
         failures = sorted(e.failures.items(), key=lambda item: (_blame_order(item[1]), item[1].timestamp, item[0]))
         lines = [describe_failure(rank, failure) for rank, failure in failures]
         summary = "training failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run_dir / 'logs'}"

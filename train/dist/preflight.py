@@ -234,7 +234,9 @@ def port_in_use(port: int) -> bool:
     return False
 
 
-def check_rendezvous(cfg: Config, facts: Facts) -> tuple[Check, Topology | None]:
+def check_rendezvous(cfg: Config, facts: Facts, held: bool = False) -> tuple[Check, Topology | None]:
+    """``held``: this launcher already hosts the store at the endpoint (a launch on node 0), so binding the port
+    again would only find it busy."""
     try:
         topology = topology_from_environ(facts.environ, cfg.run.name or "run")
     except ConfigError as e:
@@ -243,6 +245,8 @@ def check_rendezvous(cfg: Config, facts: Facts) -> tuple[Check, Topology | None]
         return Check("rendezvous", PASS, "one node: torchrun --standalone picks a free local port"), topology
     host, port = topology.host_port
     where = f"node {topology.node_rank} of {topology.nnodes}, c10d at {topology.endpoint} ({topology.source})"
+    if held:
+        return Check("rendezvous", PASS, f"{where}: hosted by this launcher"), topology
     if topology.node_rank == 0 and port_in_use(port):
         return Check(
             "rendezvous",
@@ -339,9 +343,14 @@ def check_disk(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> Check:
 
 
 def run_checks(
-    cfg: Config, nproc: str | int | None, facts: Facts, caches: Mapping[str, CacheInfo | None], data: bool = True
+    cfg: Config,
+    nproc: str | int | None,
+    facts: Facts,
+    caches: Mapping[str, CacheInfo | None],
+    data: bool = True,
+    rendezvous_held: bool = False,
 ) -> list[Check]:
-    rendezvous, topology = check_rendezvous(cfg, facts)
+    rendezvous, topology = check_rendezvous(cfg, facts, rendezvous_held)
     n, _ = requested_nproc(cfg, nproc, facts)
     checks = [check_versions(cfg, facts), check_container(facts), check_gpus(cfg, nproc, facts)]
     checks += [c for c in [check_slurm(cfg, nproc, facts)] if c is not None]
@@ -368,13 +377,14 @@ def doctor(
     facts: Facts | None = None,
     quiet: bool = False,
     data: bool = True,
+    rendezvous_held: bool = False,
 ) -> list[Check]:
     """Run every check and print the table (logged instead when ``quiet``); raise PreflightError on a fail.
 
     ``data=False`` leaves out the data check: the smoke test needs none, and before a launch the data stage
-    itself reports a missing file (exit 3) right after."""
+    itself reports a missing file (exit 3) right after. ``rendezvous_held``: see ``check_rendezvous``."""
     facts = facts or gather_facts()
-    checks = run_checks(cfg, nproc, facts, find_caches(cfg) if caches is None else caches, data)
+    checks = run_checks(cfg, nproc, facts, find_caches(cfg) if caches is None else caches, data, rendezvous_held)
     table = render(checks)
     if quiet:
         log.info("preflight checks:\n%s", table)

@@ -1,0 +1,45 @@
+"""Stop requests to the launcher outside torchrun: SIGTERM and SIGUSR1 end any stage cleanly with exit 75.
+
+SLURM's ``--signal`` and a scheduler's SIGTERM can arrive while the launcher runs the doctor, generates or
+downloads data, builds a cache or waits for the other nodes. With the default action the process would die
+on the spot (exit 138 for SIGUSR1, a job that ends FAILED and is never requeued, a ``.tmp`` file left
+behind). Here the signal raises ``StopRequested`` in the main thread wherever it is: atomic writes and
+downloads remove their temporary files on the way out, and the job exits 75, which requeues it.
+
+While torchrun runs the ranks, its agent installs handlers of its own (it forwards the signal to the ranks,
+which checkpoint); the launcher puts these back when torchrun returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from types import FrameType
+
+from train.errors import StopRequested
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    name = signal.Signals(signum).name
+    # Later copies of the same stop (SLURM signals every process of the step, srun forwards its own) must not
+    # interrupt the cleanup of the first one.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise StopRequested(
+        f"stopped by {name} outside the training (preparing data, caches or the launch); nothing was lost and "
+        "temporary files were removed: re-run the same command to continue"
+    )
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGUSR1 into StopRequested for the duration of the block (main thread only)."""
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
