@@ -14,7 +14,7 @@ import shlex
 import sys
 
 from train.atomic import write_text_atomic
-from train.config import Config
+from train.config import Config, SlurmConfig
 from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,12 @@ log = logging.getLogger(__name__)
 # are consumed, an unquoted '#' starts a comment. Values holding any of them would be cut or changed silently.
 _SBATCH_BREAKING = re.compile(r"[\s'\"\\#]|[^\x20-\x7e]")
 # minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
-_SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|UNLIMITED|unlimited|infinite")
+_SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+# SLURM checks time limits every 30 s and sends --signal's signal once it falls due before the next check: it can
+# arrive up to 60 s earlier than asked. A requeued run then still needs a minute to resume and train, or every run
+# is signalled while it starts and the job requeues forever.
+SIGNAL_EARLY_S = 60
+MIN_TRAINING_S = 60
 # A control character in a shell line ends the header comment early or splits a command.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -47,7 +52,7 @@ head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)  # sed re
 export NNODES="$SLURM_NNODES"
 export RDZV_ENDPOINT="$head_node:$((20000 + SLURM_JOB_ID % 10000))"
 export RDZV_ID="$SLURM_JOB_ID"
-unset NODE_RANK
+unset NODE_RANK{cpu_only}
 
 # SLURM sends SIGUSR1 to this script only (--signal=B:...); srun passes it on to the launchers, which pass it
 # to the ranks: they save a checkpoint and exit with 75.
@@ -76,15 +81,21 @@ done
 exit "$code"
 """
 
+_CPU_ONLY = """
+
+# No GPU was requested: on a node that has some (without a device cgroup) the launcher must not see them and
+# start GPU ranks; it starts CPU ranks instead.
+export CUDA_VISIBLE_DEVICES=''"""
+
 _REQUEUE = """\
 if [[ $code -eq 75 ]]; then
-    echo "training stopped with a checkpoint (exit 75): requeueing job $SLURM_JOB_ID to resume from it"
+    echo "stopped on request (exit 75, nothing lost): requeueing job $SLURM_JOB_ID to resume"
     scontrol requeue "$SLURM_JOB_ID" || echo "scontrol requeue failed: submit this script again to resume" >&2
 fi"""
 
 _NO_REQUEUE = """\
 if [[ $code -eq 75 ]]; then
-    echo "training stopped with a checkpoint (exit 75): submit this script again to resume"
+    echo "stopped on request (exit 75, nothing lost): submit this script again to resume"
 fi"""
 
 
@@ -104,18 +115,73 @@ def _shell_word(key: str, value: str) -> str:
     return shlex.quote(value)
 
 
+def time_limit_seconds(text: str) -> int | None:
+    """The seconds of a SLURM time limit as SLURM enforces it (rounded up to whole minutes); None for no limit.
+
+    Formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; UNLIMITED, infinite and 0 mean no limit.
+    """
+    if text.lower() in ("unlimited", "infinite"):
+        return None
+    match = _SLURM_TIME.fullmatch(text)
+    if not match:
+        raise ConfigError(
+            f"slurm.time={text!r} is not a SLURM time limit: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
+            f"D-HH:MM:SS, e.g. 24:00:00 or 2-00:00:00"
+        )
+    days, first, second, third = (int(g) if g is not None else None for g in match.groups())
+    if days is not None:
+        seconds = days * 86400 + first * 3600 + (second or 0) * 60 + (third or 0)
+    elif third is not None:
+        seconds = first * 3600 + second * 60 + third
+    else:
+        seconds = first * 60 + (second or 0)
+    return -(-seconds // 60) * 60 or None
+
+
+def _check_time_limit(s: SlurmConfig) -> None:
+    limit = time_limit_seconds(s.time)
+    need = s.preempt_signal_s + SIGNAL_EARLY_S + MIN_TRAINING_S
+    if limit is None or limit >= need:
+        return
+    fixes = [f"Raise slurm.time to at least {-(-need // 60)} minutes ({_hms(need)})"]
+    if limit - SIGNAL_EARLY_S - MIN_TRAINING_S >= 10:
+        fixes.append(f"lower slurm.preempt_signal_s to at most {limit - SIGNAL_EARLY_S - MIN_TRAINING_S}")
+    raise ConfigError(
+        f"slurm.time={s.time} ({limit} s) is too short for slurm.preempt_signal_s={s.preempt_signal_s}: SLURM sends "
+        f"SIGUSR1 preempt_signal_s before the time limit and up to {SIGNAL_EARLY_S} s earlier than that, and a "
+        f"run needs at least {MIN_TRAINING_S} s of training before it, so the time limit must be at least "
+        f"preempt_signal_s + {SIGNAL_EARLY_S + MIN_TRAINING_S} s; with less, every run is signalled as it starts "
+        f"and the job requeues forever. " + " or ".join(fixes) + "."
+    )
+
+
+def _hms(seconds: int) -> str:
+    minutes = -(-seconds // 60)
+    return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+def _cpus_per_task(cfg: Config) -> int:
+    s = cfg.slurm
+    if s.cpus_per_task is not None:
+        return s.cpus_per_task
+    if s.gpus_per_node:
+        return s.gpus_per_node * s.cpus_per_gpu
+    # CPU ranks, each with its DataLoader workers beside it
+    ranks = cfg.dist.nproc if isinstance(cfg.dist.nproc, int) else cfg.dist.cpu_nproc
+    return ranks * (cfg.train.num_workers + 1)
+
+
 def _directives(cfg: Config) -> list[str]:
     s = cfg.slurm
-    if not _SLURM_TIME.fullmatch(s.time):
-        raise ConfigError(f"slurm.time={s.time!r} is not a SLURM time limit, e.g. 24:00:00 or 2-00:00:00")
+    _check_time_limit(s)
     options = [
         f"--job-name={_sbatch_value('run.name', cfg.run.name)}",
         f"--nodes={s.nodes}",
         # One task per node: it runs the launcher, which starts one rank per GPU. One task per GPU would start
         # gpus_per_node launchers per node, each starting a rank on every GPU.
         "--ntasks-per-node=1",
-        f"--gpus-per-node={s.gpus_per_node}",
-        f"--cpus-per-task={s.gpus_per_node * s.cpus_per_gpu}",
+        *([f"--gpus-per-node={s.gpus_per_node}"] if s.gpus_per_node else []),
+        f"--cpus-per-task={_cpus_per_task(cfg)}",
         f"--time={s.time}",
     ]
     if s.partition is not None:
@@ -136,11 +202,14 @@ def _directives(cfg: Config) -> list[str]:
 
 def _launch(cfg: Config, config_path: str, overrides: list[str]) -> str:
     s = cfg.slurm
+    # srun takes its task count from the job's: with `#SBATCH --ntasks-per-node=2` edited into the header it would
+    # ignore --ntasks-per-node=1 (with a warning) and start two launchers per node. --ntasks pins one per node.
     # Since SLURM 22.05 a step no longer inherits --cpus-per-task from the job: without it the launcher and
     # all its ranks would share one core.
+    gpus = [f"--gpus-per-node={s.gpus_per_node}"] if s.gpus_per_node else []
     srun = [
-        "srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", f"--gpus-per-node={s.gpus_per_node}",
-        f"--cpus-per-task={s.gpus_per_node * s.cpus_per_gpu}",
+        "srun", "--kill-on-bad-exit=1", '--ntasks="$SLURM_NNODES"', "--ntasks-per-node=1", *gpus,
+        f"--cpus-per-task={_cpus_per_task(cfg)}",
     ]  # fmt: skip
     train = ["-m", "train", "run", "--config", _shell_word("config path", config_path)]
     train += ["--run", _shell_word("run.name", str(cfg.run.name))]
@@ -158,7 +227,8 @@ def _launch(cfg: Config, config_path: str, overrides: list[str]) -> str:
     else:
         image = _shell_word("slurm.image", str(s.image))
         bind = ["--bind", '"$SLURM_SUBMIT_DIR":/workspace', "--pwd", "/workspace"]
-        lines = [srun, ["apptainer", "exec", "--nv", *bind, image], ["python3", *train]]
+        nv = ["--nv"] if s.gpus_per_node else []  # binds the host's NVIDIA driver into the container
+        lines = [srun, ["apptainer", "exec", *nv, *bind, image], ["python3", *train]]
     return " \\\n    ".join(" ".join(words) for words in lines)
 
 
@@ -183,6 +253,7 @@ def render_sbatch(cfg: Config, config_path: str, overrides: list[str], output: s
     submit = _shell_word("output path", output) if output is not None else "FILE  (python -m train slurm --output FILE)"
     header = _HEADER.format(command=render_command(config_path, overrides, run_name, output), submit=submit)
     body = _BODY.format(
+        cpu_only=_CPU_ONLY if cfg.slurm.gpus_per_node == 0 else "",
         launch=_launch(cfg, config_path, overrides),
         on_preempted=_REQUEUE if cfg.slurm.requeue else _NO_REQUEUE,
     )

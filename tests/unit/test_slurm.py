@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_cli
 from train.config import Config, load_config
 from train.errors import ConfigError
-from train.slurm import render_command, render_sbatch, write_sbatch
+from train.slurm import render_command, render_sbatch, time_limit_seconds, write_sbatch
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT = "configs/default.yaml"
@@ -21,6 +22,7 @@ DEFAULT = "configs/default.yaml"
 # The checked-in examples under scripts/slurm and the overrides they are rendered with.
 EXAMPLES = {
     "one_node": ["slurm.nodes=1", "slurm.gpus_per_node=8"],
+    "one_node_cpu": ["slurm.nodes=1", "slurm.gpus_per_node=0"],
     "multi_node": ["slurm.nodes=4"],
     "multi_node_pyxis": ["slurm.nodes=4", "slurm.container=pyxis", "slurm.image=registry.example.com/train:latest"],
     "multi_node_apptainer": ["slurm.nodes=4", "slurm.container=apptainer", "slurm.image=train.sif"],
@@ -225,6 +227,118 @@ def test_an_image_with_shell_characters_reaches_srun_unchanged(cluster, containe
     assert not list(cluster.submit.iterdir()) and not (REPO / "pwned").exists()
 
 
+# --- the time limit and the signal lead ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 90 * 60),  # minutes
+        ("0:30", 60),  # MM:SS; SLURM rounds a limit up to whole minutes
+        ("10:30", 11 * 60),
+        ("01:02:03", 63 * 60),  # HH:MM:SS, 3723 s rounded up
+        ("2-0", 2 * 86400),  # D-HH
+        ("1-02", 26 * 3600),
+        ("1-02:30", 26 * 3600 + 30 * 60),  # D-HH:MM
+        ("1-02:30:01", 26 * 3600 + 31 * 60),  # D-HH:MM:SS
+        ("UNLIMITED", None),
+        ("unlimited", None),
+        ("infinite", None),
+        ("0", None),  # SLURM: a limit of zero imposes none
+    ],
+)
+def test_time_limits_are_read_in_every_slurm_format(text, seconds):
+    assert time_limit_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["24h", "1-", "1:2:3:4", "1-2-3", "-5", "", "1:", "1.5"])
+def test_what_is_not_a_slurm_time_limit_is_rejected(text):
+    with pytest.raises(ConfigError, match=r"slurm\.time=.*D-HH:MM:SS"):
+        time_limit_seconds(text)
+
+
+@pytest.mark.parametrize(
+    ("time", "signal_s"),
+    [("00:05:00", 300), ("5", 300), ("00:06:00", 300), ("0-00:07", 301), ("2", 10), ("0:59", 10)],
+)
+def test_a_time_limit_without_room_after_the_signal_is_refused(time, signal_s):
+    """SLURM would signal the job as it starts (or before): it would checkpoint and requeue forever."""
+    with pytest.raises(ConfigError) as caught:
+        render_sbatch(with_slurm(time=time, preempt_signal_s=signal_s), DEFAULT, [])
+    message = str(caught.value)
+    assert f"slurm.time={time}" in message and f"slurm.preempt_signal_s={signal_s}" in message
+    assert "up to 60 s earlier" in message and "at least 60 s of training" in message
+    assert f"at least {-(-(signal_s + 120) // 60)} minutes" in message
+
+
+@pytest.mark.parametrize(
+    ("time", "signal_s"),
+    [("00:07:00", 300), ("7", 300), ("00:06:01", 300), ("3", 60), ("2-00:00:00", 3600), ("UNLIMITED", 300), ("0", 300)],
+)
+def test_a_time_limit_with_the_margin_is_rendered(time, signal_s):
+    d = directives(render_sbatch(with_slurm(time=time, preempt_signal_s=signal_s), DEFAULT, []))
+    assert f"--time={time}" in d and f"--signal=B:USR1@{signal_s}" in d
+
+
+def test_the_command_line_refuses_a_short_time_limit_with_exit_2(tmp_path):
+    out = tmp_path / "job.sbatch"
+    proc = run_cli(
+        "slurm", "--config", "configs/tiny.yaml", "--set", "slurm.time=00:05:00", "--set", "slurm.preempt_signal_s=300",
+        "--output", str(out), timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "slurm.time=00:05:00" in proc.stderr and "slurm.preempt_signal_s=300" in proc.stderr
+    assert not out.exists()
+
+
+# --- CPU-only jobs ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("container", sorted(CONTAINERS))
+def test_gpus_per_node_0_renders_a_job_without_any_gpu_request(cluster, container):
+    text = render(["slurm.gpus_per_node=0", "dist.cpu_nproc=3", "train.num_workers=2", *CONTAINERS[container]])
+    d = directives(text)
+    assert "--cpus-per-task=9" in d, "3 CPU ranks x (2 DataLoader workers + the rank itself)"
+    assert not [o for o in d if o.startswith(("--gpu", "--gres"))], d
+    proc = cluster.run(text, CUDA_VISIBLE_DEVICES="0,1")
+    assert proc.returncode == 0, proc.stderr
+    args = cluster.srun_args()
+    assert "--cpus-per-task=9" in args
+    assert not [a for a in args if a.startswith(("--gpu", "--gres")) or a == "--nv"], args
+    # A GPU node without a device cgroup would show its GPUs to the job: the launcher must start CPU ranks.
+    assert cluster.srun_env()["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_gpu_job_keeps_the_gpus_slurm_gives_it(cluster):
+    proc = cluster.run(render(["slurm.gpus_per_node=2"]), CUDA_VISIBLE_DEVICES="0,1")
+    assert proc.returncode == 0, proc.stderr
+    assert "--gpus-per-node=2" in cluster.srun_args()
+    assert cluster.srun_env()["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "cpus"),
+    [
+        (["slurm.gpus_per_node=4", "slurm.cpus_per_gpu=6"], 24),
+        (["slurm.gpus_per_node=4", "slurm.cpus_per_task=10"], 10),
+        (["slurm.gpus_per_node=0"], 2),  # dist.cpu_nproc=2 ranks, no DataLoader workers
+        (["slurm.gpus_per_node=0", "dist.nproc=4", "train.num_workers=1"], 8),
+        (["slurm.gpus_per_node=0", "slurm.cpus_per_task=5"], 5),
+    ],
+)
+def test_cpus_per_task_reaches_the_job_and_the_step(cluster, overrides, cpus):
+    text = render(overrides)
+    assert f"--cpus-per-task={cpus}" in directives(text)
+    assert cluster.run(text).returncode == 0
+    assert f"--cpus-per-task={cpus}" in cluster.srun_args()
+
+
+@pytest.mark.parametrize(("key", "value"), [("slurm.gpus_per_node", -1), ("slurm.cpus_per_task", 0)])
+def test_negative_gpus_and_zero_cpus_are_rejected_naming_the_key(key, value):
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        load_config(DEFAULT, [f"{key}={value}"])
+
+
 # --- the launch line, run through a fake srun ---------------------------------------------------------------------
 
 
@@ -234,14 +348,16 @@ def test_launch_line_per_container(cluster, container):
     proc = cluster.run(render(overrides))
     assert proc.returncode == 0, proc.stderr
     args = cluster.srun_args()
-    assert args[:4] == ["--kill-on-bad-exit=1", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-task=64"]
+    assert args[:5] == [
+        "--kill-on-bad-exit=1", "--ntasks=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-task=64",
+    ]  # fmt: skip
     train = args[args.index("-m") - 1 :]
     assert train == [
         train[0], "-m", "train", "run", "--config", DEFAULT, "--run", "default",
         "--set", "train.epochs=3", "--set", "tasks.darcy2d.batch_size=8",
     ]  # fmt: skip
     assert not any(a.startswith("slurm.") for a in args), "slurm.* settings only shape the sbatch file"
-    middle = args[4 : args.index("-m") - 1]
+    middle = args[5 : args.index("-m") - 1]
     if container == "none":
         assert train[0] == "python3" and middle == []
     elif container == "pyxis":
@@ -256,6 +372,17 @@ def test_launch_line_per_container(cluster, container):
         assert middle == [
             "apptainer", "exec", "--nv", "--bind", f"{cluster.submit}:/workspace", "--pwd", "/workspace", "train.sif",
         ]  # fmt: skip
+
+
+def test_srun_starts_one_launcher_per_node_whatever_the_header_says(cluster):
+    """An edited `#SBATCH --ntasks-per-node=2` makes the job's SLURM_NTASKS 4 on 2 nodes; srun would take that
+    count and ignore its own --ntasks-per-node=1. The real cluster's check is in tests/slurm."""
+    text = render(["slurm.nodes=2"]).replace("#SBATCH --ntasks-per-node=1\n", "#SBATCH --ntasks-per-node=2\n")
+    assert "#SBATCH --ntasks-per-node=2" in text
+    proc = cluster.run(text, SLURM_NTASKS="4", SLURM_NTASKS_PER_NODE="2", SLURM_TASKS_PER_NODE="2(x2)")
+    assert proc.returncode == 0, proc.stderr
+    args = cluster.srun_args()
+    assert "--ntasks=2" in args and "--ntasks-per-node=1" in args
 
 
 def test_python_can_point_at_a_virtual_environment(cluster):
@@ -357,6 +484,8 @@ def test_examples_differ_where_they_should():
     assert "--nodes=1" in one and "--nodes=4" in directives(multi)
     assert "--container-image=" in (REPO / "scripts/slurm/multi_node_pyxis.sbatch").read_text()
     assert "apptainer exec --nv" in (REPO / "scripts/slurm/multi_node_apptainer.sbatch").read_text()
+    cpu = (REPO / "scripts/slurm/one_node_cpu.sbatch").read_text()
+    assert "--cpus-per-task=2" in directives(cpu) and "--gpus-per-node" not in cpu
 
 
 # --- write_sbatch -------------------------------------------------------------------------------------------------
