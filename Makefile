@@ -30,7 +30,7 @@ define checked
 	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
 endef
 
-.PHONY: help install train data cache fit evaluate doctor smoke-test slurm bench test test-unit test-distributed test-integration test-load lint format clean build up docker-smoke docker-test
+.PHONY: help install train data cache fit evaluate doctor smoke-test slurm bench test test-unit test-distributed test-integration test-load test-slurm lint format clean build up docker-smoke docker-test
 
 help: ## List the targets
 	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
@@ -88,6 +88,9 @@ test-integration: install ## torchrun end-to-end tests
 LOAD ?= 2
 test-load: install ## The integration tier beside LOAD (2) busy processes, as on a shared machine (slow: not in CI)
 	$(call checked,$(BIN)/python -m pytest tests/integration --cpu-load=$(LOAD) $(PYTEST_ARGS))
+
+test-slurm: install ## sbatch jobs on a SLURM cluster (skipped, with the reason, when none answers; scripts/ci/provision-slurm.sh makes one)
+	$(call checked,$(BIN)/python -m pytest tests/slurm $(PYTEST_ARGS))
 
 lint: install ## ruff lint and format check, hadolint on the Dockerfiles
 	$(call checked,$(BIN)/ruff check .)
