@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, folders
+from tests.helpers import REPO, folders, startup_s
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def test_a_rank_killed_by_a_signal_is_named_first_with_the_shells_exit_code(tmp_
     run_dir = tmp_path / "runs" / "tiny"
     log = run_dir / "logs" / "rank1.log"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 60 * startup_s()
         pid = None
         while time.monotonic() < deadline and proc.poll() is None:
             if log.is_file() and "training" in log.read_text():
@@ -54,7 +54,7 @@ def test_a_rank_killed_by_a_signal_is_named_first_with_the_shells_exit_code(tmp_
             time.sleep(0.2)
         assert pid is not None, "rank 1 never started training"
         os.kill(pid, sig)
-        _, stderr = proc.communicate(timeout=120)
+        _, stderr = proc.communicate(timeout=60 * startup_s())
     finally:
         if proc.poll() is None:
             proc.kill()
