@@ -144,3 +144,13 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float, proc: sub
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
         time.sleep(0.01)
+
+
+def unavailable(reason: str, required_by: str) -> None:
+    """A tier's engine or cluster is missing: skip with the reason, or fail where the environment variable
+    ``required_by`` says the tier must run (CI sets it)."""
+    import pytest
+
+    if os.environ.get(required_by, "") not in ("", "0"):
+        pytest.fail(f"{reason} ({required_by} is set)")
+    pytest.skip(reason)

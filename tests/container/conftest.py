@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 
+from tests import helpers
 from tests.helpers import REPO
 
 BASE_IMAGE = os.environ.get("TRAIN_BASE_IMAGE", "train-base:cpu-torch2.13.0")
@@ -21,10 +22,7 @@ PROVISION = REPO / "scripts" / "ci" / "provision-docker.sh"
 
 
 def unavailable(reason: str):
-    """Skip, with the reason; where the engine must exist (CI sets TRAIN_REQUIRE_DOCKER=1), fail instead."""
-    if os.environ.get("TRAIN_REQUIRE_DOCKER", "") not in ("", "0"):
-        pytest.fail(f"{reason} (TRAIN_REQUIRE_DOCKER is set)")
-    pytest.skip(reason)
+    helpers.unavailable(reason, "TRAIN_REQUIRE_DOCKER")
 
 
 def pytest_collection_modifyitems(items):

@@ -6,12 +6,12 @@ scripts/ci/provision-slurm.sh (and sets TRAIN_REQUIRE_SLURM=1, which turns the s
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 
 import pytest
 
+from tests import helpers
 from tests.helpers import REPO
 
 PROVISION = REPO / "scripts" / "ci" / "provision-slurm.sh"
@@ -19,10 +19,7 @@ USABLE_STATES = ("idle", "mixed", "allocated", "completing")
 
 
 def unavailable(reason: str):
-    """Skip, with the reason; where the cluster must exist (CI sets TRAIN_REQUIRE_SLURM=1), fail instead."""
-    if os.environ.get("TRAIN_REQUIRE_SLURM", "") not in ("", "0"):
-        pytest.fail(f"{reason} (TRAIN_REQUIRE_SLURM is set)")
-    pytest.skip(reason)
+    helpers.unavailable(reason, "TRAIN_REQUIRE_SLURM")
 
 
 def pytest_collection_modifyitems(items):
