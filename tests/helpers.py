@@ -68,11 +68,10 @@ def prepare_run(
 ) -> Path:
     """Data, caches and run folder of a config inside ``tmp``, as the launcher prepares them; returns the run
     folder that rank processes read (config.yaml, inputs.json)."""
-    from train.atomic import write_json_atomic
     from train.config import load_config
     from train.data.sources import stage_data
-    from train.pipeline import prepare_run_dir, stage_cache
-    from train.worker import INPUTS
+    from train.pipeline import stage_cache
+    from train.run_dir import RunDir
 
     cfg = load_config(
         REPO / config,
@@ -80,23 +79,24 @@ def prepare_run(
         run_name=name,
     )
     folders = stage_cache(cfg, stage_data(cfg))
-    run_dir = prepare_run_dir(cfg)
-    write_json_atomic(run_dir / INPUTS, folders)
-    return run_dir
+    run = RunDir.of(cfg)
+    run.prepare(cfg)
+    run.write_inputs(folders)
+    return run.root
 
 
 def rank_trainer(run_dir: Path):
     """In a rank process started by run_ranks: join the gloo group and build the run's Trainer."""
-    from train.config import load_config
-    from train.dist.env import DistEnv, init_distributed
+    from train.distributed.env import DistEnv, init_distributed
     from train.engine.trainer import Trainer
     from train.obs.log import setup_logging
-    from train.worker import load_tasks
+    from train.run_dir import RunDir
 
-    cfg = load_config(run_dir / "config.yaml")
+    run = RunDir(run_dir)
+    cfg = run.load_config()
     env = init_distributed(DistEnv.from_environ("gloo"), 60)
-    setup_logging(f"rank{env.rank}", run_dir / "logs" / f"rank{env.rank}.log", console=False)
-    return Trainer(cfg, env, load_tasks(run_dir, cfg), run_dir)
+    setup_logging(f"rank{env.rank}", run.rank_log(env.rank), console=False)
+    return Trainer(cfg, env, run.load_tasks(cfg), run)
 
 
 _startup: list[tuple[float, float]] = []  # (when measured, seconds)

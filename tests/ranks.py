@@ -13,8 +13,8 @@ import os
 import sys
 
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
+from train.distributed.error_file import record, record_error
 from train.errors import ConfigError
 
 
@@ -23,7 +23,7 @@ def abort_after_peer_error() -> int:
     dist.init_process_group("gloo")
     if dist.get_rank() == 0:
         error = ConfigError("rank 0 found a bad setting (tasks.x.y)")
-        get_error_handler().record_exception(error)
+        record_error(error)
         return error.exit_code
     with contextlib.suppress(RuntimeError):
         dist.barrier()  # rank 0 never arrives: its exit closes the connection and ends the barrier
@@ -32,4 +32,4 @@ def abort_after_peer_error() -> int:
 
 if __name__ == "__main__":
     programs = {"abort-after-peer-error": abort_after_peer_error}
-    sys.exit(programs[sys.argv[1]]())
+    sys.exit(programs[sys.argv[-1]]())  # the launcher puts --run-dir and --launch-record first

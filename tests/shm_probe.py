@@ -2,7 +2,7 @@
 
 ``run CONFIG...``: the whole pipeline (``python -m train run``) as a child process, sampling the bytes used on
 /dev/shm every few milliseconds; prints a JSON line with the exit code and the peak.
-``preload CACHE_DIR``: the seed's design, every cached array preloaded into a tensor and moved to shared
+``preload CACHE_DIR``: the shared-memory design, every cached array preloaded into a tensor and moved to shared
 memory with ``share_memory_()``; prints a JSON line with the error it met.
 """
 
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from train.bench.procmem import ShmPeak, shm_size_bytes
+from train.obs.procmem import ShmPeak, shm_size_bytes
 
 
 def run(args: list[str]) -> dict:
@@ -34,7 +34,7 @@ def preload(cache_dir: Path) -> dict:
     arrays = sorted(p for p in cache_dir.rglob("*.npy") if "_windows_" not in p.name)
     total, shared = sum(p.stat().st_size for p in arrays), 0
     try:
-        for path in arrays:  # as the seed's PreloadedCacheDataset: a tensor per array, then share_memory_()
+        for path in arrays:  # a tensor per array, then share_memory_()
             tensor = torch.from_numpy(np.load(path))
             tensor.share_memory_()
             shared += tensor.nbytes

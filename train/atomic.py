@@ -1,10 +1,11 @@
-"""Atomic file writes: a crash never leaves a half-written file under its final name."""
+"""Atomic file and folder writes: a crash never leaves a half-written file or folder under its final name."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,27 @@ def atomic_path(final: Path | str) -> Iterator[Path]:
         fsync_dir(final.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path | str) -> Iterator[Path]:
+    """Yield a temporary folder beside ``final`` (which must not exist); on success fsync every file in it and
+    rename it into place. On any exception the temporary folder is removed. Leftovers of a killed build are
+    named ``.<final name>.*.tmp``: a caller that holds the folder's lock may delete them."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        yield tmp
+        for path in tmp.iterdir():
+            if path.is_file():
+                with open(path, "rb+") as f:
+                    os.fsync(f.fileno())
+        os.rename(tmp, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

@@ -8,8 +8,8 @@ import os
 import sys
 
 from train.config import load_config
-from train.dist.stop import stop_on_signals
 from train.errors import StopRequested, TrainError
+from train.launch.stop import stop_on_signals
 from train.obs.log import setup_logging
 
 log = logging.getLogger("train")
@@ -88,11 +88,11 @@ def _dispatch(args: argparse.Namespace) -> None:
     cfg = load_config(args.config, args.overrides, run_name=args.run or None)
     # torch is imported only once the config is known to be good
     if args.command == "doctor":
-        from train.dist.preflight import doctor
+        from train.launch.doctor import doctor
 
         doctor(cfg, args.nproc)
     elif args.command == "smoke":
-        from train.smoke import run_smoke
+        from train.launch.smoke import run_smoke
 
         run_smoke(cfg, args.nproc, compile_step=not args.skip_compile, preflight=not args.skip_doctor)
     elif args.command == "slurm":

@@ -16,11 +16,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from train.errors import ConfigError
+from train.pdes import LAYOUTS
 
-PDE = Literal[
-    "advection1d", "burgers1d", "reacdiff1d", "darcy2d", "cfd1d", "cfd2d", "diffreact2d", "shallowwater2d",
-    "diffsorp1d",
-]  # fmt: skip
+PDE = Literal[tuple(LAYOUTS)]  # the registry's families; a wrong name gets them listed
 
 # Where a split's file may live under a folder or bucket source, tried in order. {task} is the task's name,
 # {split} train/val/test, {Split} PDEBench's Train/Valid/Test.

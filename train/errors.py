@@ -46,19 +46,3 @@ class StopRequested(BaseException):
     ``except Exception`` on the way may swallow it."""
 
     exit_code = 75
-
-
-# Written into the run folder by rank 0 once a stop request has been honoured with a checkpoint; the
-# launcher then exits 75 whatever torchrun reports.
-PREEMPTED_MARKER = "preempted.json"
-
-
-EXIT_CODES = {
-    0: "success",
-    1: "unexpected error",
-    ConfigError.exit_code: "usage or config error",
-    DataError.exit_code: "data error",
-    PreflightError.exit_code: "environment/preflight error",
-    DistributedError.exit_code: "distributed runtime error",
-    Preempted.exit_code: "preempted, checkpoint saved (re-run to resume)",
-}

@@ -44,7 +44,7 @@ def test_a_failing_config_fails_docker_compose_run(image, mounts):
 
 
 def test_the_default_training_completes_at_dockers_default_64mb_shm(client, image, mounts):
-    """The seed's failure: a 2-task run in a container with Docker's default /dev/shm. Caches are memory-mapped
+    """The /dev/shm failure: a 2-task run in a container with Docker's default /dev/shm. Caches are memory-mapped
     files, not shared memory, so training finishes; the doctor warns about the small /dev/shm and says how to
     enlarge it."""
     volumes = {mounts[f"{n.upper()}_DIR"]: {"bind": f"/{n}", "mode": "rw"} for n in ("data", "cache", "runs")}

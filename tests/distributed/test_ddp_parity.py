@@ -12,9 +12,10 @@ from tests.helpers import run_ranks
 from train.config import Config, ModelConfig, TaskConfig
 from train.data import generate
 from train.data.cache import build_cache
-from train.dist.env import DistEnv, destroy_distributed, init_distributed
-from train.engine.evaluate import TaskData, evaluate_split, validation_loss
-from train.model.multitask import MultiTaskSurrogate, TaskSpec
+from train.distributed.env import DistEnv, destroy_distributed, init_distributed
+from train.engine.evaluate import evaluate_split, validation_loss
+from train.model.multitask import MultiTaskSurrogate
+from train.model.specs import TaskData, TaskSpec
 
 pytestmark = pytest.mark.distributed
 

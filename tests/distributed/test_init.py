@@ -15,14 +15,14 @@ import torch
 import torch.distributed as dist
 
 from tests.helpers import REPO, free_port, run_ranks
-from train.dist.env import DistEnv, destroy_distributed, init_distributed, resolve_backend
+from train.distributed.env import DistEnv, destroy_distributed, init_distributed, resolve_backend
 from train.errors import ConfigError, DistributedError
 
 pytestmark = pytest.mark.distributed
 
 LONELY_RANK = """
 import sys
-from train.dist.env import DistEnv, init_distributed
+from train.distributed.env import DistEnv, init_distributed
 from train.errors import DistributedError
 try:
     init_distributed(DistEnv.from_environ("gloo"), 10)

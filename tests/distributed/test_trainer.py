@@ -31,7 +31,7 @@ def _gradients_of_one_step(rank: int, run_dir, out) -> None:
 
     trainer.optimizer.step = capture
     micro_steps = trainer.steps * trainer.micro
-    trainer._step(EpochStreams(trainer.loaders, trainer.samplers, 0, 0, micro_steps, None))
+    trainer.train_step(EpochStreams(trainer.loaders, trainer.samplers, 0, 0, micro_steps, None))
     torch.save(captured, out / f"grads{rank}.pt")
     dist.destroy_process_group()
 
@@ -97,7 +97,7 @@ def test_ranks_training_different_tasks_in_one_step_need_no_user_action(tmp_path
 
     steps = 6
     draws = [task_draws(0, r, 0, steps, [1.0, 1.0]) for r in range(2)]
-    assert (draws[0] != draws[1]).any(), "the seed must make the ranks draw different tasks in some step"
+    assert (draws[0] != draws[1]).any(), "the random seed must make the ranks draw different tasks in some step"
     run_dir = prepare_run(tmp_path, overrides=["train.task_sampling=weighted", f"train.steps_per_epoch={steps}",
                                                "train.epochs=1"])  # fmt: skip
     run_ranks(_fit, 2, run_dir, None, tmp_path)
@@ -122,7 +122,7 @@ def test_without_the_unused_parameter_search_the_error_names_the_parameters(tmp_
 def _stop_at_boundary(rank: int, out) -> None:
     import torch.distributed as dist
 
-    from train.dist.env import DistEnv, init_distributed
+    from train.distributed.env import DistEnv, init_distributed
     from train.engine.signals import StopRequest
 
     init_distributed(DistEnv.from_environ("gloo"), 60)

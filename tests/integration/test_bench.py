@@ -48,7 +48,7 @@ def test_quick_cache_io_benchmark_writes_every_figure(tmp_path):
         assert figures["samples_timed"] == 2 * (10 if name != "h5py" else 4) * (32 + 16), name
         assert figures["processes"] == 2 + 2 * 2 * 2  # ranks, and 2 workers per task loader on each
         assert figures["shm_peak_bytes"] >= 0
-    # the seed's design holds the cache in /dev/shm once per rank; ours holds none of it there
+    # a shared-memory cache holds the data in /dev/shm once per rank; ours holds none of it there
     assert result["loaders"]["shared"]["shm_peak_bytes"] >= 2 * result["cache_bytes"]
     assert result["build"]["build_MBps"] > 0 and result["build"]["raw_read_MBps"] > 0
     assert len(result["targets"]) == 5 and all(isinstance(v, bool) for v in result["targets"].values())

@@ -1,8 +1,8 @@
 """Proof that training never needs /dev/shm for its data: Docker's 64 MB default, a cache over ten times larger.
 
 Each test runs in a private mount namespace (``unshare -m``) with its own 64 MB tmpfs on /dev/shm, as in a
-container started without ``--shm-size``. The same namespace makes the seed's design (the whole cache
-preloaded and moved to shared memory) fail the way seed 000 describes, so the proof cannot pass vacuously.
+container started without ``--shm-size``. The same namespace makes the shared-memory design (the whole cache
+preloaded and moved to shared memory) fail with "No space left on device", so the proof cannot pass vacuously.
 """
 
 from __future__ import annotations
@@ -121,12 +121,12 @@ def test_two_ranks_with_four_workers_train_on_a_cache_ten_times_larger_than_dev_
     assert used < cache_bytes / 20
 
 
-def test_the_seeds_preloaded_shared_cache_fails_in_the_same_namespace(setup):
+def test_a_preloaded_shared_cache_fails_in_the_same_namespace(setup):
     tmp, _, cache_bytes = setup
     result = in_small_shm("preload", str(tmp / "cache"))
     # torch words it "unable to allocate shared memory(shm) for file </torch_...>" (older releases: "unable
-    # to write to file </torch_...>"), then the errno text, as in seed 000.
-    assert result["error"] is not None, "the seed's design unexpectedly fit in 64 MB"
+    # to write to file </torch_...>"), then the errno text (docs/troubleshooting.md).
+    assert result["error"] is not None, "the shared-memory design unexpectedly fit in 64 MB"
     assert re.search(r"</torch_[\d_]+>: No space left on device \(28\)", result["error"]), result["error"]
     assert result["shared_bytes"] < SHM_MB << 20 < cache_bytes
 

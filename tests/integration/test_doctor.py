@@ -8,7 +8,7 @@ from tests.helpers import folders, run_cli, startup_s
 
 pytestmark = pytest.mark.integration
 
-SEED_003 = {  # --gres=gpu:h200:1 with --ntasks-per-node=8: eight launchers for one GPU
+EIGHT_TASKS_ONE_GPU = {  # --gres=gpu:h200:1 with --ntasks-per-node=8: eight launchers for one GPU
     "SLURM_JOB_ID": "4242",
     "SLURM_NNODES": "1",
     "SLURM_NTASKS": "8",
@@ -25,9 +25,9 @@ def test_doctor_passes_here_and_prints_the_table(tmp_path):
         assert name in proc.stdout
 
 
-def test_doctor_fails_with_exit_4_on_the_seeds_slurm_allocation(tmp_path):
+def test_doctor_fails_with_exit_4_on_eight_tasks_for_one_gpu(tmp_path):
     args = ["doctor", "--config", "configs/tiny.yaml", *folders(tmp_path)]
-    proc = run_cli(*args, env=SEED_003, timeout=60 * startup_s())
+    proc = run_cli(*args, env=EIGHT_TASKS_ONE_GPU, timeout=60 * startup_s())
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "FAIL  SLURM" in proc.stdout and "8 tasks per node" in proc.stdout
     assert "--ntasks-per-node=1" in proc.stdout
@@ -35,11 +35,12 @@ def test_doctor_fails_with_exit_4_on_the_seeds_slurm_allocation(tmp_path):
 
 
 def test_every_launch_runs_the_doctor_first_unless_skipped(tmp_path):
-    proc = run_cli("run", "--config", "configs/tiny.yaml", *folders(tmp_path), env=SEED_003, timeout=60 * startup_s())
+    args = ["run", "--config", "configs/tiny.yaml", *folders(tmp_path)]
+    proc = run_cli(*args, env=EIGHT_TASKS_ONE_GPU, timeout=60 * startup_s())
     assert proc.returncode == 4, proc.stderr[-3000:]
     assert not (tmp_path / "data").exists(), "nothing may run after a failed preflight"
     skipped = run_cli(
-        "data", "--config", "configs/tiny.yaml", *folders(tmp_path), env={**SEED_003, "SKIP_DOCTOR": "1"},
+        "data", "--config", "configs/tiny.yaml", *folders(tmp_path), env={**EIGHT_TASKS_ONE_GPU, "SKIP_DOCTOR": "1"},
         timeout=60 * startup_s(),
     )  # fmt: skip
     assert skipped.returncode == 0, skipped.stderr[-3000:]

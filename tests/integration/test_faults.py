@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from tests.helpers import REPO, folders, run_cli
-from train.bench.procmem import child_pids
-from train.engine.checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, load_checkpoint
+from train.checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, load_checkpoint
+from train.obs.procmem import child_pids
 from train.obs.sinks import read_metrics
 
 pytestmark = pytest.mark.integration

@@ -125,12 +125,12 @@ def test_a_busy_rendezvous_port_stops_node_0_at_once_naming_it(tmp_path):
 
 DRIVER = """
 import sys
-from pathlib import Path
 from train.config import load_config
-from train.dist.launch import launch
+from train.launch.torchrun import launch
 from train.errors import TrainError
+from train.run_dir import RunDir
 try:
-    launch(Path(sys.argv[1]), 2, load_config("configs/tiny.yaml"), [sys.argv[2]], module="tests.ranks")
+    launch(RunDir(sys.argv[1]), 2, load_config("configs/tiny.yaml"), [sys.argv[2]], module="tests.ranks")
 except TrainError as e:
     print(e, file=sys.stderr)
     sys.exit(e.exit_code)

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import folders, launch_in_background, run_cli, startup_s, wait_for
-from train.bench.procmem import child_pids
-from train.dist.run_lock import RANK_EXIT_GRACE_S, lock_paths
+from train.launch.run_lock import RANK_EXIT_GRACE_S
+from train.obs.procmem import child_pids
 from train.obs.sinks import read_metrics
+from train.run_dir import RunDir
 
 pytestmark = [
     pytest.mark.integration,
@@ -113,7 +114,7 @@ def test_a_launch_waits_for_processes_of_the_previous_one_and_refuses_when_they_
     folder busy: the launch waits for it a while, then stops with exit 4 saying what holds it."""
     run_dir = tmp_path / "runs" / "shared"
     run_dir.mkdir(parents=True)
-    _, ranks_lock = lock_paths(run_dir, 0)
+    _, ranks_lock = RunDir(run_dir).lock_paths(0)
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_RANKS_LOCK, str(ranks_lock)], stdout=subprocess.PIPE, text=True
     )

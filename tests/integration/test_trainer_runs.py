@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tests.helpers import folders, run_cli
-from train.engine.checkpoint import BEST, latest_checkpoint, list_checkpoints, load_checkpoint
+from train.checkpoint import BEST, latest_checkpoint, list_checkpoints, load_checkpoint
 
 pytestmark = pytest.mark.integration
 

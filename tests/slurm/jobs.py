@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from tests.helpers import REPO, folders, run_cli
-from train.engine.checkpoint import latest_checkpoint, load_checkpoint
+from train.checkpoint import latest_checkpoint, load_checkpoint
 from train.obs.sinks import read_metrics
 
 # States after which a job never runs again (a requeued job is PENDING, then RUNNING, in between).

@@ -15,7 +15,8 @@ import pytest
 from train.config import TaskConfig
 from train.data import cache as cachemod
 from train.data import checksum
-from train.data.cache import MANIFEST, CacheInfo, build_cache, cache_path
+from train.data.cache import MANIFEST, CacheInfo, build_cache, cache_key
+from train.data.checksum import hash_file
 from train.data.generate import generate
 from train.data.sources import SplitFiles
 from train.errors import DataError
@@ -31,6 +32,11 @@ def write_tensor(path, data):
         f.create_dataset("x-coordinate", data=((np.arange(nx) + 0.5) / nx).astype(np.float32))
         f.create_dataset("t-coordinate", data=(np.arange(t + 1) * 0.01).astype(np.float32))
     return path
+
+
+def cache_path(cache_root: Path, name: str, task, source: Path) -> Path:
+    """Where build_cache keeps the cache of ``source`` (one training file) under these settings."""
+    return cache_root / name / cache_key(task, {"train": hash_file(source)})
 
 
 def write_cfd(path, fields):

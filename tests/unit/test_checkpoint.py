@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from train.atomic import atomic_path, write_json_atomic, write_text_atomic
-from train.config import ModelConfig, load_config
-from train.engine.checkpoint import (
+from train.checkpoint import (
     BEST,
     archive_checkpoints,
     checkpoint_for_evaluation,
@@ -25,9 +24,11 @@ from train.engine.checkpoint import (
     save_best,
     save_checkpoint,
 )
-from train.engine.trainer import warmup_cosine
+from train.config import ModelConfig, load_config
+from train.engine.optim import warmup_cosine
 from train.errors import ConfigError, DataError
-from train.model.multitask import MultiTaskSurrogate, TaskSpec
+from train.model.multitask import MultiTaskSurrogate
+from train.model.specs import TaskSpec
 
 
 def names(paths):

@@ -14,7 +14,7 @@ from torch import nn
 
 from train.config import CompileConfig, ModelConfig
 from train.data.dataset import EqualBatchSampler
-from train.dist.env import DistEnv
+from train.distributed.env import DistEnv
 from train.engine.setup import (
     check_no_dead_parameters,
     compile_errors,
@@ -25,7 +25,8 @@ from train.engine.setup import (
 from train.engine.signals import STOP_SIGNALS, StopRequest
 from train.engine.streams import EpochStreams, step_seed, task_draws
 from train.errors import ConfigError
-from train.model.multitask import MultiTaskSurrogate, TaskSpec
+from train.model.multitask import MultiTaskSurrogate
+from train.model.specs import TaskSpec
 
 CPU = torch.device("cpu")
 

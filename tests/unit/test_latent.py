@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 import torch
 
+from train.checkpoint import save_checkpoint
 from train.config import ModelConfig, TaskConfig
 from train.data.cache import build_cache
 from train.data.dataset import LatentDataset, training_dataset
 from train.data.generate import generate
-from train.data.latent import LatentInfo, build_latent_cache
-from train.engine.checkpoint import save_checkpoint
 from train.errors import ConfigError
-from train.model.multitask import MultiTaskSurrogate, TaskSpec
+from train.model.latent import LatentInfo, build_latent_cache
+from train.model.multitask import MultiTaskSurrogate
+from train.model.specs import TaskSpec
 
 CFG = ModelConfig(d_model=16, n_heads=2, n_layers=1)
 KEY = "tasks.t.latent_encoder"

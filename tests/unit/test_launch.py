@@ -9,10 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from train.config import load_config
-from train.dist.launch import debug_variables, describe_failure, exit_code_of, torchrun_argv
-from train.dist.topology import first_slurm_host, topology_from_environ
 from train.errors import ConfigError
+from train.launch.topology import first_slurm_host, topology_from_environ
+from train.launch.torchrun import debug_variables, describe_failure, exit_code_of, torchrun_argv
 from train.obs.log import redacted_environ
+from train.run_dir import RunDir
 
 
 @pytest.mark.parametrize(
@@ -74,7 +75,7 @@ def test_torchrun_argv_single_and_multi_node(tmp_path):
 
 
 def test_debug_variables_point_the_flight_recorder_into_the_run(tmp_path):
-    variables = debug_variables(tmp_path)
+    variables = debug_variables(RunDir(tmp_path))
     assert variables["NCCL_DEBUG"] == "INFO" and variables["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
     assert Path(variables["TORCH_FR_DUMP_TEMP_FILE"]).parent == tmp_path / "flight_recorder"
 

@@ -1,4 +1,5 @@
-"""Tests of the PDEBench metrics against a direct numpy implementation of PDEBENCH.md section 4."""
+"""Tests of the PDEBench metrics against a direct numpy implementation of their definitions
+(docs/data-formats.md, 'Metrics')."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from tests.helpers import run_ranks
-from train.engine.metrics import KEYS, SCALARS, ErrorSums, all_reduce_max, error_sums, finish, spectrum_bins
+from train.distributed.collectives import all_reduce_max
+from train.engine.metrics import KEYS, SCALARS, ErrorSums, error_sums, finish, spectrum_bins
 
 
 def _band_means(per_bin: np.ndarray) -> list[float]:
@@ -239,7 +241,7 @@ def test_reductions_without_a_process_group_are_copies():
 
 
 def _reduce_rank(rank: int, out: Path) -> None:
-    from train.dist.env import DistEnv, destroy_distributed, init_distributed
+    from train.distributed.env import DistEnv, destroy_distributed, init_distributed
 
     init_distributed(DistEnv.from_environ("gloo"), 60)
     try:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from train.config import ModelConfig
-from train.model.multitask import MultiTaskSurrogate, TaskSpec, check_specs, patchify, unpatchify
+from train.model.multitask import MultiTaskSurrogate, check_specs, patchify, unpatchify
+from train.model.specs import TaskSpec
 
 CFG = ModelConfig(d_model=16, n_heads=2, n_layers=2, mlp_ratio=2)
 

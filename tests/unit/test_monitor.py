@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from train.obs.monitor import DataWait, Progress, console_is_live, system_figures
+from train.obs.monitor import DataWait, Progress, system_figures
 
 SHM = Path("/dev/shm")
 
@@ -113,12 +113,3 @@ def test_live_mode_routes_console_logs_through_tqdm_and_restores_them(capsys):
         assert "live" in capsys.readouterr().err
     finally:
         root.removeHandler(handler)
-
-
-def test_console_is_live_reads_the_launcher_variable(monkeypatch):
-    monkeypatch.setenv("TRAIN_PROGRESS", "live")
-    assert console_is_live()
-    monkeypatch.setenv("TRAIN_PROGRESS", "lines")
-    assert not console_is_live()
-    monkeypatch.delenv("TRAIN_PROGRESS")
-    assert not console_is_live()

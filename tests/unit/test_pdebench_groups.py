@@ -1,4 +1,5 @@
-"""Tests of the PDEBench group-per-seed reader (PDEBENCH.md 1B), the split conventions and open_reader."""
+"""Tests of the PDEBench group-per-seed reader (docs/data-formats.md, 'Grouped layout'), the split conventions
+and open_reader."""
 
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ import pytest
 
 from train.config import load_config
 from train.data.cache import CacheInfo
-from train.dist.capacity import MiB, sample_bytes, shm_need
-from train.dist.preflight import (
+from train.errors import PreflightError
+from train.launch.capacity import MiB, sample_bytes, shm_need
+from train.launch.doctor import (
     FAIL,
     PASS,
     WARN,
@@ -26,8 +27,7 @@ from train.dist.preflight import (
     render,
     slurm_gpus_on_node,
 )
-from train.dist.topology import Topology
-from train.errors import PreflightError
+from train.launch.topology import Topology
 
 
 def facts(gpus: int = 0, environ: dict | None = None, shm: tuple[int, int] | None = (1 << 34, 1 << 34), **kw) -> Facts:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from train.bench.procmem import ShmPeak, child_pids, pss_bytes, shm_used_bytes
+from train.obs.procmem import ShmPeak, child_pids, pss_bytes, shm_used_bytes
 
 MB = 1 << 20
 

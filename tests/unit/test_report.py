@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from train.data.cache import CacheInfo, array_name
-from train.engine.evaluate import TaskData, example_prediction
+from train.engine.evaluate import example_prediction
 from train.engine.metrics import KEYS
-from train.model.multitask import TaskSpec
+from train.model.specs import TaskData, TaskSpec
 from train.obs import plots
 from train.obs.report import report_is_current, write_report
 from train.obs.sinks import read_metrics
@@ -230,3 +230,10 @@ def test_a_1d_steady_example_is_drawn_as_profiles(tmp_path):
     example = {"input": np.cos(6 * x)[:, None], "true": np.sin(3 * x)[:, None], "pred": np.sin(3.2 * x)[:, None]}
     plots.field_comparison(example, "steady1d", tmp_path / "steady1d.png")
     _png_ok(tmp_path / "steady1d.png")
+
+
+def test_the_report_has_a_heading_for_every_metric():
+    from train.engine.metrics import KEYS
+    from train.obs.report import HEADINGS
+
+    assert set(HEADINGS) == set(KEYS)

@@ -2,7 +2,7 @@
 
 Same model, batches, optimizer, schedule, loss and clipping as train.engine.trainer, and nothing else: no
 stop-request all-reduce, no per-step seeding, no loss bookkeeping, no progress bar, no metrics files. Each
-rank runs it under torchrun (``train.dist.launch.launch(..., module="train.bench.bare_ddp")``) from a run
+rank runs it under torchrun (``train.launch.torchrun.launch(..., module="train.bench.bare_ddp")``) from a run
 folder the launcher prepared; rank 0 writes the timings to ``--out``.
 """
 
@@ -10,22 +10,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from train.config import load_config
-from train.dist.env import DistEnv
-from train.engine.loaders import build_model, training_loaders
-from train.engine.trainer import warmup_cosine
-from train.worker import load_tasks
+from train.distributed.env import DistEnv
+from train.engine.loaders import initial_model, training_loaders
+from train.engine.loss import task_loss
+from train.engine.optim import build_optimizer
+from train.run_dir import rank_arguments
 
 
 def window_means(times: list[float], window: int) -> list[float]:
@@ -35,25 +33,22 @@ def window_means(times: list[float], window: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    run, launch, rest = rank_arguments(argv)  # the run folder the launcher prepared
     parser = argparse.ArgumentParser(prog="python -m train.bench.bare_ddp")
-    parser.add_argument("--run-dir", type=Path, required=True, help="a run folder the launcher prepared")
     parser.add_argument("--steps", type=int, required=True, help="timed steps")
     parser.add_argument("--warmup", type=int, default=0, help="untimed steps first")
     parser.add_argument("--out", type=Path, required=True, help="rank 0 writes its timings here (JSON)")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.run_dir / "config.yaml")
+    args = parser.parse_args(rest)
+    cfg = run.load_config()
     dist.init_process_group("gloo")
     env = DistEnv.from_environ("gloo")
-    tasks = load_tasks(args.run_dir, cfg)
+    tasks = run.load_tasks(cfg)
     total = args.warmup + args.steps
 
-    model = build_model(cfg, tasks, env.device)
+    model = initial_model(cfg, tasks, env.device)
     ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    # The trainer's schedule over the same total, so both loops take identical steps.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(min(cfg.train.warmup_steps, total // 2), total)
-    )
+    # The trainer's optimizer and schedule over the same total, so both loops take identical steps.
+    optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, total)
     loaders, _ = training_loaders(cfg, env, tasks, total)
     iterators = {name: iter(loader) for name, loader in loaders.items()}
     weights = {t.name: cfg.tasks[t.name].loss_weight for t in tasks}
@@ -67,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
         batches = {name: next(it) for name, it in iterators.items()}
         preds = ddp({name: b["x"] for name, b in batches.items()})
-        loss = sum(weights[n] * nn.functional.mse_loss(preds[n], b["y"]) for n, b in batches.items())
+        loss = sum(weights[n] * task_loss(preds[n], b["y"]) for n, b in batches.items())
         optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -80,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         first_step_done = first_step_done or time.time()
 
     if env.is_main:
-        launched = os.environ.get("TRAIN_LAUNCH_TIME")
+        launched = launch.started_at if launch is not None else None
         window = cfg.train.log_every
         result = {
             "step_time_s": statistics.median(window_means(times, window)),
@@ -89,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             "window": window,
             "steps": len(times),
             "warmup": args.warmup,
-            "launch_to_first_step_s": first_step_done - float(launched) if launched else None,
+            "launch_to_first_step_s": first_step_done - launched if launched else None,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,8 +1,9 @@
-"""Data loading benchmark: our memory-mapped cache against per-sample HDF5 reads and the seed's shared-memory cache.
+"""Data loading benchmark: our memory-mapped cache against per-sample HDF5 reads and a shared-memory cache.
 
 On the 2-task default data scaled up (advection1d + darcy2d), 2 ranks x 2 DataLoader workers per task each:
 - samples/s of (a) the mmap cache as the trainer loads it, (b) one h5py read per sample as PDEBench's
-  per-item loaders do, (c) the whole cache preloaded into tensors moved to shared memory (seed 000's design);
+  per-item loaders do, (c) the whole cache preloaded into tensors moved to shared memory (``share_memory_()``,
+  the design that exhausts a container's /dev/shm: docs/troubleshooting.md);
 - bytes in /dev/shm at the peak of each run;
 - the memory the data costs: total PSS of all ranks and workers, minus the same processes' PSS before any
   data is touched (workers wait in ``worker_init_fn`` until that baseline is taken);
@@ -26,13 +27,13 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, RandomSampler
 
 from train.bench import save_result
-from train.bench.procmem import ShmPeak, pss_bytes, shm_size_bytes
 from train.config import TaskConfig
 from train.data.cache import CHECKSUMS, CacheInfo, build_cache
 from train.data.checksum import ChecksumMemo
 from train.data.dataset import EqualBatchSampler, keep_batch, training_dataset
 from train.data.generate import generate
 from train.data.pdebench import READ_BLOCK_BYTES
+from train.obs.procmem import ShmPeak, pss_bytes, shm_size_bytes
 
 RANKS, WORKERS, INITIAL_STEP = 2, 2, 10
 BATCH = {"advection1d": 32, "darcy2d": 16}  # configs/default.yaml

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from train.atomic import write_json_atomic
 from train.bench import save_result
 from train.config import Config, load_config
 from train.data.sources import stage_data
-from train.dist.launch import launch
-from train.pipeline import prepare_run_dir, stage_cache
-from train.worker import INPUTS
+from train.launch.torchrun import launch
+from train.obs.sinks import read_metrics
+from train.pipeline import stage_cache
+from train.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 RANKS = 2
@@ -57,24 +57,25 @@ def config(workdir: Path, name: str, steps: int, warmup: int, log_every: int, qu
     return load_config(path, [*overrides, *folders], run_name=name), overrides
 
 
-def prepare(cfg: Config, folders: dict) -> Path:
+def prepare(cfg: Config, folders: dict) -> RunDir:
     """A fresh run folder for ``cfg``: nothing of an earlier repeat (checkpoints, metrics) carries over."""
-    shutil.rmtree(Path(cfg.run.runs_dir) / str(cfg.run.name), ignore_errors=True)
-    run_dir = prepare_run_dir(cfg)
-    write_json_atomic(run_dir / INPUTS, folders)
-    return run_dir
+    run = RunDir.of(cfg)
+    shutil.rmtree(run.root, ignore_errors=True)
+    run.prepare(cfg)
+    run.write_inputs(folders)
+    return run
 
 
 def ours(cfg: Config, folders: dict, warmup: int) -> dict:
     """One launch of the trainer; its figures from rank 0's metrics records."""
-    run_dir = prepare(cfg, folders)
-    launch(run_dir, RANKS, cfg, ["--run-dir", str(run_dir), "--stages", "fit"], module="train.worker")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    run = prepare(cfg, folders)
+    launch(run, RANKS, cfg, ["--stages", "fit"], module="train.worker")
+    records = read_metrics(run.root / "metrics.jsonl")
     windows = [r for r in records if "step_time_s" in r]
     # A record at step s covers the log_every steps up to s: keep the windows that start after warmup.
     steady = [r for r in windows if r["step"] - cfg.train.log_every >= warmup]
     if not steady:
-        raise RuntimeError(f"no metrics window after {warmup} warmup steps in {run_dir / 'metrics.jsonl'}")
+        raise RuntimeError(f"no metrics window after {warmup} warmup steps in {run.root / 'metrics.jsonl'}")
     return {
         "step_time_s": statistics.median(r["step_time_s"] for r in steady),
         "data_wait": statistics.fmean(r["data_wait"] for r in steady),
@@ -86,10 +87,10 @@ def ours(cfg: Config, folders: dict, warmup: int) -> dict:
 
 def bare(cfg: Config, folders: dict, steps: int, warmup: int) -> dict:
     """One launch of the hand-written loop; rank 0 writes its figures."""
-    run_dir = prepare(cfg, folders)
-    out = run_dir / "bare.json"
-    args = ["--run-dir", str(run_dir), "--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
-    launch(run_dir, RANKS, cfg, args, module="train.bench.bare_ddp")
+    run = prepare(cfg, folders)
+    out = run.root / "bare.json"
+    args = ["--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
+    launch(run, RANKS, cfg, args, module="train.bench.bare_ddp")
     return json.loads(out.read_text())
 
 

@@ -12,9 +12,7 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from filelock import FileLock, Timeout
 
-from train.atomic import atomic_path, fsync_dir, write_json_atomic
+from train.atomic import atomic_dir, atomic_path, write_json_atomic
 from train.config import TaskConfig
 from train.data.checksum import ALGORITHM, ChecksumMemo
+from train.data.node_lock import node_lock
 from train.data.pdebench import LAYOUTS, SPLITS, open_reader, split_ranges
 from train.data.sources import SplitFiles
 from train.errors import DataError
@@ -113,27 +111,11 @@ def _checksums(cache_root: Path, paths: dict[str, Path]) -> dict[str, str]:
     return sums
 
 
-def cache_path(cache_root: Path, name: str, task: TaskConfig, source: Path | SplitFiles) -> Path:
-    """Where the cache of these sources and settings lives (built or not)."""
-    paths = _source_paths(source)
-    Path(cache_root).mkdir(parents=True, exist_ok=True)
-    with node_lock(Path(cache_root)):
-        return Path(cache_root) / name / cache_key(task, _checksums(Path(cache_root), paths))
-
-
 @contextlib.contextmanager
-def node_lock(cache_root: Path) -> Iterator[None]:
+def building_caches(cache_root: Path) -> Iterator[None]:
     """One builder per cache folder: other processes on the node wait, then find the cache built."""
-    lock = FileLock(str(cache_root / LOCK))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.info("waiting for another process to finish building caches in %s", cache_root)
-        lock.acquire()
-    try:
+    with node_lock(Path(cache_root) / LOCK, f"another process to finish building caches in {cache_root}"):
         yield
-    finally:
-        lock.release()
 
 
 class _RunningStats:
@@ -182,7 +164,7 @@ def build_cache(name: str, task: TaskConfig, source: Path | SplitFiles, cache_ro
     paths = _source_paths(source)
     cache_root = Path(cache_root)
     cache_root.mkdir(parents=True, exist_ok=True)
-    with node_lock(cache_root):
+    with building_caches(cache_root):
         checksums = _checksums(cache_root, paths)
         final = cache_root / name / cache_key(task, checksums)
         info = CacheInfo.load(final)
@@ -203,15 +185,9 @@ def _build(name: str, task: TaskConfig, files: SplitFiles, checksums: dict[str, 
     # Under the node lock, a temporary folder can only be the leftover of a killed build.
     for stale in final.parent.glob(".*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     start = time.perf_counter()
-    try:
+    with atomic_dir(final) as tmp:
         _write(tmp, task, files, checksums)
-        os.rename(tmp, final)
-        fsync_dir(final.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     info = CacheInfo.load(final)
     assert info is not None
     log.info(
@@ -353,7 +329,4 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
     finally:
         for reader, _, _ in plan.values():
             reader.close()
-    for path in folder.iterdir():
-        with open(path, "rb+") as f:
-            os.fsync(f.fileno())
-    write_json_atomic(folder / MANIFEST, manifest)
+    write_json_atomic(folder / MANIFEST, manifest)  # last: a folder with a manifest is complete

@@ -8,9 +8,11 @@ and each process maps the arrays itself after any fork. Batches are fetched with
 from __future__ import annotations
 
 import functools
+import json
 import random
 import signal
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +89,42 @@ class PairDataset(_Mapped):
 
 def training_dataset(info: CacheInfo, split: str, initial_step: int) -> WindowDataset | PairDataset:
     return WindowDataset(info, split, initial_step) if info.autoregressive else PairDataset(info, split)
+
+
+# A latent cache (train.model.latent builds it): the frozen encoder's tokens of every training item.
+LATENT_FORMAT = 1
+MANIFEST = "manifest.json"
+TOKENS = "train_z.npy"
+
+
+@dataclass(frozen=True)
+class LatentInfo:
+    """A finished latent cache: the tokens of every training item, and the encoder weights that made them."""
+
+    path: Path
+    encoder: str
+    items: int
+    tokens: int
+    d_model: int
+
+    @property
+    def file(self) -> Path:
+        """The (items, tokens, d_model) float32 array of the training split's tokens."""
+        return self.path / TOKENS
+
+    def encoder_state(self) -> dict[str, torch.Tensor]:
+        """The frozen encoder's parameters (codec-relative names), as stored with the latents."""
+        return torch.load(self.path / "encoder.pt", map_location="cpu", weights_only=True)
+
+    @classmethod
+    def load(cls, path: Path) -> LatentInfo | None:
+        try:
+            meta = json.loads((path / MANIFEST).read_text())
+        except (OSError, ValueError):
+            return None
+        if meta.get("format") != LATENT_FORMAT:
+            return None
+        return cls(path, meta["encoder"], meta["items"], meta["tokens"], meta["d_model"])
 
 
 class LatentDataset:

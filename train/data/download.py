@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from train.atomic import atomic_path, write_json_atomic
+from train.data.node_lock import node_lock
 from train.errors import ConfigError, DataError, PreflightError, TrainError
 
 log = logging.getLogger(__name__)
@@ -282,12 +282,8 @@ def _stat(store: Store, name: str) -> RemoteFile:
     return remote
 
 
-def fetch(store: Store, name: str, dest: Path, *, retries: int = 2, progress: Progress | None = None) -> FetchResult:
-    """Make ``dest`` hold the store's file ``name``, verified; a no-op when the manifest says it already does."""
-    return _fetch(store, _stat(store, name), Path(dest), retries, progress)
-
-
 def _fetch(store: Store, remote: RemoteFile, dest: Path, retries: int, progress: Progress | None) -> FetchResult:
+    """Make ``dest`` hold the store's file ``remote``, verified; a no-op when the manifest says it already does."""
     source = _source(store, remote.name)
     if isinstance(store, LocalStore) and dest.exists() and store.path(remote.name).samefile(dest):
         return FetchResult(dest, 0, True, _sha1_file(dest))
@@ -341,14 +337,8 @@ def fetch_all(
 ) -> list[FetchResult]:
     """Fetch every (store, name, dest) in parallel under a node-local lock; results in job order."""
     jobs = [(store, check_name(name), Path(dest)) for store, name, dest in jobs]
-    Path(lock_dir).mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(Path(lock_dir) / ".download.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.info("waiting for another download on this node to finish (%s)", lock.lock_file)
-        lock.acquire()
-    try:
+    lock_file = Path(lock_dir) / ".download.lock"
+    with node_lock(lock_file, f"another download on this node to finish ({lock_file})"):
         for _, _, dest in jobs:  # under the lock, temporary files are leftovers of a killed run
             for stale in dest.parent.glob(f".{dest.name}.*.tmp"):
                 stale.unlink(missing_ok=True)
@@ -377,8 +367,6 @@ def fetch_all(
                 raise
             finally:
                 bar.close()
-    finally:
-        lock.release()
     errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
     for e in errors[1:]:
         log.error("%s", e)

@@ -1,4 +1,4 @@
-"""Small, deterministic PDEBench-format datasets generated locally (physics per PDEBENCH.md section 6).
+"""Small, deterministic PDEBench-format datasets generated locally (docs/data-formats.md, 'Generated files').
 
 Equations (all on the unit interval / square, cell-centred grids, coordinates are cell centres):
 
@@ -36,8 +36,8 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from train.atomic import atomic_path
+from train.pdes import GENERATED, LAYOUTS
 
-PDES = ("advection1d", "burgers1d", "darcy2d")
 VERSION = 1
 N_FRAMES_1D = 201  # t = 0, 0.01, ..., 2.0
 DT_SAVE = 0.01
@@ -46,16 +46,10 @@ WINDOW_WIDTH = 0.02
 DARCY_SIGMA = 0.04  # Gaussian smoothing length of the permeability noise, in domain units
 CHUNK_ELEMENTS = 1 << 24  # float32 elements buffered per chunk (64 MiB) before writing to the file
 
-_FILE_PATTERNS = {
-    "advection1d": "1D_Advection_Sols_beta{}.hdf5",
-    "burgers1d": "1D_Burgers_Sols_Nu{}.hdf5",
-    "darcy2d": "2D_DarcyFlow_beta{}_Train.hdf5",
-}
-
 
 def _check_pde(pde: str) -> None:
-    if pde not in PDES:
-        raise ValueError(f"pde must be one of {PDES}, got {pde!r}")
+    if pde not in GENERATED:
+        raise ValueError(f"pde must be one of {GENERATED}, got {pde!r}")
 
 
 def _check_coefficient(pde: str, coefficient: float) -> float:
@@ -74,7 +68,7 @@ def _check_coefficient(pde: str, coefficient: float) -> float:
 def pdebench_filename(pde: str, coefficient: float) -> str:
     """PDEBench's file name; the coefficient prints as Python's ``str(float)`` (0.1, 0.001, 1.0)."""
     _check_pde(pde)
-    return _FILE_PATTERNS[pde].format(_check_coefficient(pde, coefficient))
+    return LAYOUTS[pde].generated_file.format(_check_coefficient(pde, coefficient))
 
 
 def generator_params(path: str | Path) -> dict | None:

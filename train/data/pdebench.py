@@ -1,4 +1,4 @@
-"""Readers for PDEBench's two HDF5 storage styles (see PDEBENCH.md sections 1A and 1B).
+"""Readers for PDEBench's two HDF5 storage styles (docs/data-formats.md, 'Single-file layout' and 'Grouped layout').
 
 Everything is returned channels-last: autoregressive fields as (n, t, *space, c), steady (Darcy) pairs as
 (n, *space, c). Files are opened lazily and read in blocks of samples: one h5py call per block is far faster
@@ -12,50 +12,16 @@ read all of it with ``range(0, reader.n_samples)``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import h5py
 import numpy as np
 
 from train.errors import DataError
+from train.pdes import LAYOUTS, Layout
 
 READ_BLOCK_BYTES = 64 << 20
 
-
-@dataclass(frozen=True)
-class Layout:
-    """Which HDF5 keys hold a family's fields and how a sample is formed from them.
-
-    ``style`` "single": one dataset per field, sample axis first. "groups": one group per seed whose ``data``
-    array is [t, *space, channel]; ``channels`` is the channel count that array must have.
-    """
-
-    inputs: tuple[str, ...]
-    targets: tuple[str, ...]
-    spatial_dims: int
-    autoregressive: bool
-    style: Literal["single", "groups"] = "single"
-    channels: int | None = None
-
-    @property
-    def test_first(self) -> bool:
-        """PDEBench's split convention: single-file test sets are the first samples, group-per-seed the last."""
-        return self.style == "single"
-
-
-LAYOUTS = {
-    "advection1d": Layout(("tensor",), ("tensor",), 1, True),
-    "burgers1d": Layout(("tensor",), ("tensor",), 1, True),
-    "reacdiff1d": Layout(("tensor",), ("tensor",), 1, True),
-    "darcy2d": Layout(("nu",), ("tensor",), 2, False),
-    "cfd1d": Layout(("density", "pressure", "Vx"), ("density", "pressure", "Vx"), 1, True),
-    "cfd2d": Layout(("density", "pressure", "Vx", "Vy"), ("density", "pressure", "Vx", "Vy"), 2, True),
-    "diffreact2d": Layout(("data",), ("data",), 2, True, "groups", 2),  # 2D_diff-react_NA_NA.h5
-    "shallowwater2d": Layout(("data",), ("data",), 2, True, "groups", 1),  # 2D_rdb_NA_NA.h5
-    "diffsorp1d": Layout(("data",), ("data",), 1, True, "groups", 1),  # 1D_diff-sorp_NA_NA.h5
-}
 
 SPLITS = ("train", "val", "test")
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from train.config import Config, TaskConfig
 from train.data import download, generate
-from train.data.pdebench import LAYOUTS, SPLITS
+from train.data.pdebench import SPLITS
 from train.errors import ConfigError, DataError
+from train.pdes import GENERATED, LAYOUTS
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,9 @@ class SplitFiles:
 
 
 def _generate(name: str, task: TaskConfig, data_dir: Path, dry_run: bool) -> SplitFiles:
-    if task.pde not in generate.PDES:
+    if task.pde not in GENERATED:
         raise ConfigError(
-            f"tasks.{name}: pde '{task.pde}' has no local generator ({', '.join(generate.PDES)} do); "
+            f"tasks.{name}: pde '{task.pde}' has no local generator ({', '.join(GENERATED)} do); "
             f"set tasks.{name}.source to a PDEBench file, folder or b2:// location"
         )
     path = data_dir / name / generate.pdebench_filename(task.pde, task.coefficient)

@@ -8,7 +8,6 @@ Baselines: repeating the last input frame (autoregressive) and the training set'
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,27 +15,12 @@ from torch import nn
 
 from train.data.cache import CacheInfo
 from train.data.dataset import training_dataset
-from train.data.latent import LatentInfo
-from train.dist.env import DistEnv, all_reduce_sum
+from train.distributed.collectives import all_reduce_sum
+from train.distributed.env import DistEnv
+from train.engine.loss import task_loss
 from train.engine.metrics import ErrorSums, error_sums, finish
 from train.errors import DataError
-from train.model.multitask import TaskSpec
-
-
-@dataclass(frozen=True)
-class TaskData:
-    """A task as the trainer sees it: its cache and its model spec."""
-
-    name: str
-    info: CacheInfo
-    spec: TaskSpec
-    latent: LatentInfo | None = None
-    """The frozen encoder's precomputed tokens of the training split, when the task names a latent_encoder."""
-
-    def denormalise_target(self, x: torch.Tensor) -> torch.Tensor:
-        mean = torch.tensor(self.info.target_mean, dtype=x.dtype, device=x.device)
-        std = torch.tensor(self.info.target_std, dtype=x.dtype, device=x.device)
-        return x * std + mean
+from train.model.specs import TaskData
 
 
 def _shard(n: int, env: DistEnv, batch_size: int) -> Iterator[np.ndarray]:
@@ -146,7 +130,7 @@ def mean_training_target(info: CacheInfo) -> np.ndarray:
 
 @torch.no_grad()
 def validation_loss(model: nn.Module, tasks: list[TaskData], env: DistEnv, batch_size: int) -> dict[str, float]:
-    """One-step MSE (normalised, as in training) on the validation split, per task, over all ranks."""
+    """The training loss (one step, normalised) on the validation split, per task, over all ranks."""
     was_training = model.training
     model.eval()
     losses = {}
@@ -157,8 +141,8 @@ def validation_loss(model: nn.Module, tasks: list[TaskData], env: DistEnv, batch
             for idx in _shard(len(dataset), env, batch_size):
                 batch = dataset.__getitems__(idx.tolist())
                 pred = model({task.name: batch["x"].to(env.device)})[task.name]
-                err = (pred.double() - batch["y"].to(env.device).double()).square()
-                sums += torch.stack([err.mean(tuple(range(1, err.dim()))).sum().cpu(), torch.tensor(len(idx))])
+                per_sample = task_loss(pred.double(), batch["y"].to(env.device), per_sample=True)
+                sums += torch.stack([per_sample.sum().cpu(), torch.tensor(len(idx))])
         total, count = all_reduce_sum(sums).tolist()
         losses[task.name] = total / count if count else float("nan")
     model.train(was_training)

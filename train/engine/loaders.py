@@ -15,15 +15,16 @@ from train.data.dataset import (
     training_dataset,
     worker_seeding,
 )
-from train.dist.env import DistEnv
-from train.engine.evaluate import TaskData
-from train.model.multitask import MultiTaskSurrogate
+from train.distributed.env import DistEnv
+from train.model.factory import build_model
+from train.model.specs import TaskData
 
 
-def build_model(cfg: Config, tasks: list[TaskData], device: torch.device) -> MultiTaskSurrogate:
+def initial_model(cfg: Config, tasks: list[TaskData], device: torch.device) -> nn.Module:
+    """The run's model with its initial weights, on ``device``."""
     # The same seed on every rank gives identical initial weights (DDP also broadcasts rank 0's).
     torch.manual_seed(cfg.run.seed)
-    return MultiTaskSurrogate({t.name: t.spec for t in tasks}, cfg.model).to(device)
+    return build_model({t.name: t.spec for t in tasks}, cfg.model).to(device)
 
 
 def steps_per_epoch(cfg: Config, tasks: list[TaskData], world_size: int) -> int:

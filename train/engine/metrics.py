@@ -1,12 +1,12 @@
-"""PDEBench error metrics (PDEBENCH.md section 4) as sums, counts and maxima, so ranks can reduce them exactly.
+"""PDEBench's error metrics as sums, counts and maxima, so ranks can reduce them exactly (the definitions, and
+where they differ from PDEBench's own code: docs/data-formats.md, 'Metrics').
 
-Fields are channels-last with time before space: (batch, time, *space, channel). Every metric follows
-``metric_func`` in pdebench/models/metrics.py (pdebench/PDEBench): a value per (time, channel), then the
-plain mean over time and channels. Where PDEBench takes a mean over samples it is the exact mean over all
-samples of all ranks here. PDEBench's ``metrics`` instead averages per-batch results over the number of
-batches (and its per-time-step curve sums batches 2.. but divides by all of them), which weighs a short
-last batch like a full one and, for cRMSE, fRMSE and the max error, averages per-batch roots and maxima
-instead of taking them over the whole split.
+Fields are channels-last with time before space: (batch, time, *space, channel). Every metric follows PDEBench's
+definition: a value per (time, channel), then the plain mean over time and channels. Where PDEBench takes a mean
+over samples it is the exact mean over all samples of all ranks here. PDEBench's ``metrics`` instead averages
+per-batch results over the number of batches (and its per-time-step curve sums batches 2.. but divides by all of
+them), which weighs a short last batch like a full one and, for cRMSE, fRMSE and the max error, averages
+per-batch roots and maxima instead of taking them over the whole split.
 
 The max error is PDEBench's too: per (time, channel) the largest |p - y| over samples and space, then
 averaged over time and channels (not the single worst point). Differences from PDEBench on purpose: the
@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from train.dist.env import all_reduce_sum
+from train.distributed.collectives import all_reduce_max, all_reduce_sum
 
 KEYS = ("rmse", "nrmse", "crmse", "brmse", "max_error", "frmse_low", "frmse_mid", "frmse_high")
 # fRMSE bands over the wavenumber bins (PDEBench's iLow=4, iHigh=12).
@@ -68,16 +67,6 @@ class ErrorSums:
         sizes = [p.numel() for p in parts]
         reduced = [f.view(p.shape) for f, p in zip(flat.split(sizes), parts, strict=True)]
         return ErrorSums(*reduced, all_reduce_max(self.max_abs))
-
-
-def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
-    """Elementwise max over ranks (on the backend's device, like ``all_reduce_sum``), returned on the CPU."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return values.clone()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    buf = values.to(device)
-    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
-    return buf.cpu()
 
 
 def spectrum_bins(space: tuple[int, ...]) -> int:

@@ -1,6 +1,6 @@
 """Putting the model together for training: precision, the unused-parameter check, DDP, then torch.compile.
 
-Order matters (DESIGN.md section 5): model.to(device) -> DDP -> torch.compile. Compiling the DDP wrapper lets
+Order matters (README, 'Training'): model.to(device) -> DDP -> torch.compile. Compiling the DDP wrapper lets
 dynamo split the graph at DDP's bucket boundaries (its DDPOptimizer), so gradient all-reduces still overlap
 with the backward pass.
 """
@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from train.config import CompileConfig
-from train.dist.env import DistEnv
+from train.distributed.env import DistEnv
 from train.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from train.data.dataset import EqualBatchSampler
 def task_draws(seed: int, rank: int, epoch: int, micro_steps: int, weights: list[float]) -> np.ndarray:
     """Index of the task this rank trains at each micro-step of ``epoch`` (task_sampling=weighted).
 
-    Ranks draw independently (the rank is part of the seed), so in one step they usually train different tasks;
+    Ranks draw independently (the rank is part of the random seed), so in one step they usually train different tasks;
     each rank still runs exactly ``micro_steps`` micro-steps.
     """
     p = np.asarray(weights, dtype=np.float64)

@@ -11,19 +11,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.atomic import write_json_atomic
-from train.config import Config
-from train.dist.env import DistEnv, all_reduce_sum
-from train.engine.checkpoint import (
+from train.checkpoint import (
+    CONFIG,
+    MODEL,
+    OPTIMIZER,
+    PROGRESS,
+    SCALER,
+    SCHEDULER,
+    SPECS,
+    RunState,
     latest_checkpoint,
     load_checkpoint,
     model_differences,
@@ -31,8 +34,13 @@ from train.engine.checkpoint import (
     save_best,
     save_checkpoint,
 )
-from train.engine.evaluate import TaskData, validation_loss
-from train.engine.loaders import build_model, probe_batches, run_on_batches, steps_per_epoch, training_loaders
+from train.config import Config
+from train.distributed.collectives import all_reduce_sum, broadcast_from_main
+from train.distributed.env import DistEnv
+from train.engine.evaluate import validation_loss
+from train.engine.loaders import initial_model, probe_batches, run_on_batches, steps_per_epoch, training_loaders
+from train.engine.loss import LossWindow, task_loss
+from train.engine.optim import build_optimizer
 from train.engine.setup import (
     check_no_dead_parameters,
     compile_enabled,
@@ -45,9 +53,11 @@ from train.engine.setup import (
 )
 from train.engine.signals import StopRequest
 from train.engine.streams import EpochStreams, step_seed, task_draws
-from train.errors import PREEMPTED_MARKER, ConfigError, DistributedError, Preempted
-from train.obs.monitor import DataWait, LossWindow, Progress, console_is_live, system_figures
+from train.errors import ConfigError, DistributedError, Preempted
+from train.model.specs import TaskData
+from train.obs.monitor import DataWait, Progress, system_figures
 from train.obs.sinks import MetricSinks
+from train.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -60,38 +70,15 @@ def seed_step(seed: int, device: torch.device) -> None:
         torch.cuda.manual_seed(seed)
 
 
-def warmup_cosine(warmup: int, total: int):
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
-
-
-@dataclass
-class RunState:
-    """Where training stands; saved in every checkpoint as "progress"."""
-
-    epoch: int = 0
-    step_in_epoch: int = 0
-    global_step: int = 0
-    best_val: float = math.inf
-    bad_validations: int = 0
-    early_stopped: bool = False
-
-    def done(self, epochs: int) -> bool:
-        """Early stopping is final; reaching train.epochs is not: a run resumed with more epochs continues."""
-        return self.early_stopped or self.epoch >= epochs
-
-
 class Trainer:
-    def __init__(self, cfg: Config, env: DistEnv, tasks: list[TaskData], run_dir: Path):
-        self.cfg, self.env, self.tasks, self.run_dir = cfg, env, tasks, run_dir
+    """One rank's training of a run: ``fit`` for the whole loop; ``train_step``, ``state_dict`` and
+    ``load_state_dict`` for callers (tests, the bench) that drive or inspect it step by step."""
+
+    def __init__(self, cfg: Config, env: DistEnv, tasks: list[TaskData], run: RunDir):
+        self.cfg, self.env, self.tasks, self.run = cfg, env, tasks, run
         self.names = [t.name for t in tasks]
-        self.checkpoints = run_dir / "checkpoints"
-        self.model = build_model(cfg, tasks, env.device)
+        self.checkpoints = run.checkpoints
+        self.model = initial_model(cfg, tasks, env.device)
         for task in tasks:
             if task.latent is not None:  # before DDP, which then leaves the frozen encoder out of its buckets
                 self.model.freeze_encoder(task.name, task.latent.encoder_state())
@@ -108,13 +95,10 @@ class Trainer:
         self.compiling = compile_enabled(cfg.compile, env.device)
         self.precision = resolve_precision(cfg.train.precision, env.device)
         self.scaler = self.precision.scaler()
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.steps = steps_per_epoch(cfg, tasks, env.world_size)
         self.micro = cfg.train.accumulate_steps
-        total = self.steps * cfg.train.epochs
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, warmup_cosine(min(cfg.train.warmup_steps, total // 2), total)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model.parameters(), cfg.train, self.steps * cfg.train.epochs
         )
         self.loaders, self.samplers = training_loaders(cfg, env, tasks, self.steps * self.micro)
         self.weights = {t.name: cfg.tasks[t.name].loss_weight for t in tasks}
@@ -129,19 +113,31 @@ class Trainer:
         self.data_wait = DataWait()
         self.first_step_done: float | None = None  # wall time; launch-to-first-step is logged once
         self.first_step_logged = False
+        self.launched_at: float | None = None
 
     # -- checkpoints ---------------------------------------------------------------------------------------
 
-    def snapshot(self) -> dict:
+    def state_dict(self) -> dict:
+        """A checkpoint's components (train.checkpoint's keys): model, optimizer, schedule, scaler, progress,
+        and the config and task specs it was trained with."""
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
-            "progress": asdict(self.state),
-            "config": self.cfg.model_dump(mode="json"),
-            "specs": {t.name: t.spec.as_dict() for t in self.tasks},
+            MODEL: self.model.state_dict(),
+            OPTIMIZER: self.optimizer.state_dict(),
+            SCHEDULER: self.scheduler.state_dict(),
+            **({SCALER: self.scaler.state_dict()} if self.scaler is not None else {}),
+            PROGRESS: asdict(self.state),
+            CONFIG: self.cfg.model_dump(mode="json"),
+            SPECS: {t.name: t.spec.as_dict() for t in self.tasks},
         }
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Continue from a checkpoint's components (as :meth:`state_dict` wrote them)."""
+        self.model.load_state_dict(saved[MODEL])
+        self.optimizer.load_state_dict(saved[OPTIMIZER])
+        self.scheduler.load_state_dict(saved[SCHEDULER])
+        if self.scaler is not None and SCALER in saved:
+            self.scaler.load_state_dict(saved[SCALER])
+        self.state = RunState(**saved[PROGRESS])
 
     def resume(self) -> None:
         policy = self.cfg.train.resume
@@ -160,12 +156,7 @@ class Trainer:
                 + "; ".join(differences)
                 + ". Use the checkpoint's settings, or train.resume=never to start over."
             )
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.scheduler.load_state_dict(saved["scheduler"])
-        if self.scaler is not None and "scaler" in saved:
-            self.scaler.load_state_dict(saved["scaler"])
-        self.state = RunState(**saved["progress"])
+        self.load_state_dict(saved)
         log.info(
             "resumed from %s (epoch %d, step %d of the epoch, global step %d)",
             path,
@@ -177,12 +168,18 @@ class Trainer:
     def save(self) -> None:
         """Rank 0 writes; every rank waits, so no rank runs ahead of (or exits before) a checkpoint on disk."""
         if self.env.is_main:
-            save_checkpoint(self.checkpoints, self.state.global_step, self.snapshot(), self.cfg.train.keep_checkpoints)
+            save_checkpoint(
+                self.checkpoints, self.state.global_step, self.state_dict(), self.cfg.train.keep_checkpoints
+            )
         dist.barrier()
 
     # -- the loop ------------------------------------------------------------------------------------------
 
-    def fit(self, sinks: MetricSinks) -> None:
+    def fit(self, sinks: MetricSinks, *, launched_at: float | None = None, live_console: bool = False) -> None:
+        """Train from the newest checkpoint (or the start) to train.epochs or an early stop. ``launched_at``: wall
+        time the launcher started torchrun (logged as launch-to-first-step); ``live_console``: rank 0's progress
+        bar may redraw in place."""
+        self.launched_at = launched_at
         self.resume()
         cfg, env, s = self.cfg, self.env, self.state
         if s.done(cfg.train.epochs):
@@ -202,7 +199,7 @@ class Trainer:
         )
         self.model.train()
         total = self.steps * cfg.train.epochs
-        bar = Progress(total, s.global_step, "train", enabled=env.is_main, live=console_is_live())
+        bar = Progress(total, s.global_step, "train", enabled=env.is_main, live=live_console)
         with StopRequest(env.device) as stop, bar:
             while not s.done(cfg.train.epochs):
                 self._epoch(stop, sinks, bar)
@@ -218,7 +215,7 @@ class Trainer:
         while s.step_in_epoch < self.steps:
             if stop.agreed():
                 self._stop_for_signal(stop)
-            window.add(*self._step(streams))
+            window.add(*self.train_step(streams))
             self.first_step_done = self.first_step_done or time.time()
             s.step_in_epoch += 1
             s.global_step += 1
@@ -239,7 +236,7 @@ class Trainer:
             if s.early_stopped or last_of_epoch:
                 return
 
-    def _step(self, streams: EpochStreams) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def train_step(self, streams: EpochStreams) -> tuple[torch.Tensor, torch.Tensor, int]:
         """One optimizer step over ``accumulate_steps`` micro-batches; returns (loss sums, counts, samples)."""
         cfg, env, s = self.cfg, self.env, self.state
         sums = torch.zeros(len(self.names), device=env.device)
@@ -268,11 +265,7 @@ class Trainer:
         try:
             with self.precision.autocast():
                 preds = self.forward(inputs, latents or None)
-            # Losses in fp32 whatever the autocast dtype: small errors of a good surrogate vanish in bf16.
-            losses = {
-                n: nn.functional.mse_loss(preds[n].float(), b["y"].to(device, non_blocking=True))
-                for n, b in batches.items()
-            }
+            losses = {n: task_loss(preds[n], b["y"].to(device, non_blocking=True)) for n, b in batches.items()}
             loss = sum(self.weights[n] * v for n, v in losses.items()) / self.micro
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         except RuntimeError as e:
@@ -359,8 +352,7 @@ class Trainer:
         stop = bool(cfg.early_stop_patience and s.bad_validations >= cfg.early_stop_patience)
         # Rank 0 decides and tells the others: a last-bit difference in a reduced loss can never split them.
         decision = torch.tensor([float(improved), float(stop)], device=self.env.device)
-        if dist.is_initialized():
-            dist.broadcast(decision, src=0)
+        broadcast_from_main(decision)
         improved, stop = bool(decision[0]), bool(decision[1])
         sinks.write({"step": s.global_step, "epoch": self._epoch_float(), **{f"val/{n}": v for n, v in val.items()},
                      "val/loss": total})  # fmt: skip
@@ -369,7 +361,7 @@ class Trainer:
             total, ", best" if improved else f", {s.bad_validations} without improvement",
         )  # fmt: skip
         if improved and self.env.is_main:
-            save_best(self.checkpoints, self.snapshot())
+            save_best(self.checkpoints, self.state_dict())
         if stop and not s.early_stopped:
             log.info("early stop at step %d: %d validations without improvement", s.global_step, s.bad_validations)
             s.early_stopped = True
@@ -390,10 +382,10 @@ class Trainer:
             "data_wait": self.data_wait.take(),
             **system_figures(self.env.device),
         }
-        if not self.first_step_logged and "TRAIN_LAUNCH_TIME" in os.environ:
+        if not self.first_step_logged and self.launched_at is not None:
             # From the launcher starting torchrun to this process's first finished step: process start-up,
             # imports, rendezvous, model setup, the first batches (and compilation).
-            record["launch_to_first_step_s"] = self.first_step_done - float(os.environ["TRAIN_LAUNCH_TIME"])
+            record["launch_to_first_step_s"] = self.first_step_done - self.launched_at
             log.info("first step done %.1f s after launch", record["launch_to_first_step_s"])
         self.first_step_logged = True
         sinks.write(record)
@@ -412,9 +404,8 @@ class Trainer:
         log.warning("%s: stopping at global step %d and saving a checkpoint", what, s.global_step)
         self.save()
         if self.env.is_main:
-            write_json_atomic(
-                self.run_dir / PREEMPTED_MARKER,
-                {"global_step": s.global_step, "epoch": s.epoch, "step_in_epoch": s.step_in_epoch, "signal": what},
+            self.run.mark_preempted(
+                {"global_step": s.global_step, "epoch": s.epoch, "step_in_epoch": s.step_in_epoch, "signal": what}
             )
         dist.barrier()
         raise Preempted(f"stopped by {what} at step {s.global_step} with a checkpoint; re-run to resume")

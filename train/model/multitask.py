@@ -7,32 +7,12 @@ takes part in every step: DDP never waits for the gradient of an unused task hea
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
 from train.config import ModelConfig
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Shapes of one task, from its cache: what the encoder reads and the decoder writes."""
-
-    grid: tuple[int, ...]
-    in_channels: int
-    out_channels: int
-    patch_size: int
-    initial_step: int
-    autoregressive: bool
-
-    @property
-    def in_features(self) -> int:
-        frames = self.initial_step if self.autoregressive else 1
-        return frames * self.in_channels
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+from train.model.specs import TaskSpec
 
 
 def patchify(x: torch.Tensor, patch: int) -> torch.Tensor:

@@ -4,8 +4,6 @@ and a progress bar."""
 from __future__ import annotations
 
 import logging
-import math
-import os
 import re
 import sys
 import time
@@ -15,8 +13,7 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from train.bench.procmem import shm_used_bytes
-from train.dist.env import all_reduce_sum
+from train.obs.procmem import shm_used_bytes
 
 MIB = float(1 << 20)
 SHM = "/dev/shm"
@@ -180,43 +177,3 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def console_is_live() -> bool:
-    """Whether the launcher's console is a terminal (it sets TRAIN_PROGRESS=live): the ranks' own stderr is not."""
-    return os.environ.get("TRAIN_PROGRESS", "").strip().lower() == "live"
-
-
-class LossWindow:
-    """Per-task loss sums and counts, samples and time since the last log line, summed on the device (moving the
-    loss to the CPU every step would stall a GPU)."""
-
-    def __init__(self, n_tasks: int, device: torch.device):
-        self.sums = torch.zeros(n_tasks, device=device)
-        self.counts = torch.zeros(n_tasks, device=device)
-        self.samples, self.steps, self.excluded = 0, 0, 0.0
-        self.start = time.perf_counter()
-
-    def add(self, sums: torch.Tensor, counts: torch.Tensor, samples: int) -> None:
-        self.sums += sums
-        self.counts += counts
-        self.samples += samples
-        self.steps += 1
-
-    def exclude(self, seconds: float) -> None:
-        self.excluded += seconds
-
-    def take(self) -> tuple[list[float], dict]:
-        """Mean loss per task over all ranks (ranks may train different tasks), and the throughput figures."""
-        local = torch.cat([self.sums, self.counts]).double().cpu()
-        local = torch.cat([local, torch.tensor([float(self.samples)], dtype=torch.float64)])
-        reduced = all_reduce_sum(local).tolist()
-        n = len(self.sums)
-        mean = [reduced[i] / reduced[n + i] if reduced[n + i] else math.nan for i in range(n)]
-        elapsed = max(1e-9, time.perf_counter() - self.start - self.excluded)
-        record = {"samples_per_s": reduced[-1] / elapsed, "step_time_s": elapsed / max(1, self.steps)}
-        self.sums.zero_()
-        self.counts.zero_()
-        self.samples, self.steps, self.excluded = 0, 0, 0.0
-        self.start = time.perf_counter()
-        return mean, record

@@ -11,15 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from train.config import Config
-from train.dist.topology import Topology, nproc_for, topology_from_environ
 from train.errors import (
-    PREEMPTED_MARKER,
     ConfigError,
     DataError,
     DistributedError,
@@ -27,7 +24,9 @@ from train.errors import (
     PreflightError,
     TrainError,
 )
+from train.launch.topology import Topology, nproc_for, topology_from_environ
 from train.obs.log import debug_enabled, redacted_environ
+from train.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ def torchrun_argv(
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={topology.endpoint}",
             f"--rdzv-id={topology.run_id}",
-            # Node 0's launcher hosts the store for the whole launch (train.dist.node_barrier); no agent may
+            # Node 0's launcher hosts the store for the whole launch (train.launch.node_barrier); no agent may
             # bind it, or a second launcher on the same host could take the port first.
             f"--rdzv-conf=join_timeout={cfg.dist.timeout_s},is_host=false",
         ]
@@ -117,9 +116,9 @@ def torchrun_argv(
     ]
 
 
-def debug_variables(run_dir: Path) -> dict[str, str]:
+def debug_variables(run: RunDir) -> dict[str, str]:
     """DEBUG=1: verbose NCCL and c10d, and NCCL's flight recorder dumped into the run folder on a timeout."""
-    dump = str(run_dir / "flight_recorder" / "rank_")
+    dump = str(run.flight_recorder / "rank_")
     return {
         "NCCL_DEBUG": "INFO",
         "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
@@ -143,7 +142,7 @@ dist.destroy_process_group()
 def detail_debug_works() -> bool:
     """Whether DDP survives TORCH_DISTRIBUTED_DEBUG=DETAIL here: some builds (seen: 2.13 CPU wheels) segfault
     while logging DDP's construction, which would turn DEBUG=1 into a crash of every rank."""
-    from train.dist.env import free_port
+    from train.distributed.env import free_port
 
     env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "MASTER_ADDR": "127.0.0.1"}
     env["MASTER_PORT"] = str(free_port())
@@ -208,21 +207,23 @@ def exit_code_of(failure) -> int:
     return own if own is not None else 128 - failure.exitcode
 
 
-def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str], module: str = "train.worker") -> None:
-    """Run ``python -m MODULE WORKER_ARGS`` on ``nproc`` local ranks; raise WorkerFailure on failure."""
+def launch(run: RunDir, nproc: int, cfg: Config, worker_args: list[str], module: str = "train.worker") -> None:
+    """Run ``python -m MODULE --run-dir RUN --launch-record RECORD WORKER_ARGS`` on ``nproc`` local ranks; raise
+    WorkerFailure on failure."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import run as run_torchrun
 
-    topology = topology_from_environ(os.environ, cfg.run.name or run_dir.name)
+    topology = topology_from_environ(os.environ, cfg.run.name or run.root.name)
     debug = debug_enabled()
     # Ranks sharing a CPU must not each start one thread per core: that oversubscribes and crawls.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     # Lines a rank prints (native crashes, NCCL) are prefixed with its global rank on the console.
     os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
     if debug:
-        for name, value in debug_variables(run_dir).items():
+        for name, value in debug_variables(run).items():
             os.environ.setdefault(name, value)
         if os.environ["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and not detail_debug_works():
             log.warning(
@@ -230,31 +231,31 @@ def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str], modul
                 "probe died); using INFO instead. Set TORCH_DISTRIBUTED_DEBUG yourself to override."
             )
             os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"
-        (run_dir / "flight_recorder").mkdir(parents=True, exist_ok=True)
+        run.flight_recorder.mkdir(parents=True, exist_ok=True)
         log.debug("environment: %s", redacted_environ(os.environ))
     live = sys.stderr.isatty()
-    os.environ["TRAIN_PROGRESS"] = "live" if live and not debug else "lines"
-    os.environ["TRAIN_LAUNCH_TIME"] = repr(time.time())
-    argv = torchrun_argv(topology, nproc, cfg, run_dir / "logs" / "torchrun", module, worker_args, debug, live)
+    record = run.write_launch_record(topology.node_rank, run.lock_paths(topology.node_rank)[1], live and not debug)
+    rank_args = ["--run-dir", str(run.root), "--launch-record", str(record), *worker_args]
+    argv = torchrun_argv(topology, nproc, cfg, run.logs / "torchrun", module, rank_args, debug, live)
     where = f"node {topology.node_rank} of {topology.nnodes} ({topology.source})" if topology.multi_node else "1 node"
     log.info("launching %d rank(s) on %s: torchrun %s", nproc, where, " ".join(argv))
-    (run_dir / PREEMPTED_MARKER).unlink(missing_ok=True)
+    run.clear_preempted()
     # torchrun's agent turns signals into exceptions and leaves its handlers installed; put ours back.
     saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, name) for name in FORWARDED_SIGNALS)}
     try:
-        run(get_args_parser().parse_args(argv))
+        run_torchrun(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
         preempted = all(f.exitcode == Preempted.exit_code for f in e.failures.values())
-        if preempted and (run_dir / PREEMPTED_MARKER).is_file():
+        if preempted and run.preempted:
             raise Preempted(
-                f"stopped by a signal, checkpoint saved in {run_dir}; re-run the same command to resume"
+                f"stopped by a signal, checkpoint saved in {run.root}; re-run the same command to resume"
             ) from None
         failures = sorted(e.failures.items(), key=lambda item: (_blame_order(item[1]), item[1].timestamp, item[0]))
         lines = [describe_failure(rank, failure) for rank, failure in failures]
-        summary = "training failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run_dir / 'logs'}"
+        summary = "training failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run.logs}"
         raise WorkerFailure(exit_code_of(failures[0][1]), summary) from None
     except SignalException as e:
-        _stopped_by_signal(run_dir, e.sigval, cfg)
+        _stopped_by_signal(run, e.sigval, cfg)
     except RendezvousError as e:
         reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         raise DistributedError(
@@ -268,11 +269,11 @@ def launch(run_dir: Path, nproc: int, cfg: Config, worker_args: list[str], modul
             signal.signal(sig, handler)
 
 
-def _stopped_by_signal(run_dir: Path, sig: signal.Signals, cfg: Config) -> None:
-    if (run_dir / PREEMPTED_MARKER).is_file():
-        raise Preempted(f"stopped by {sig.name}, checkpoint saved in {run_dir}; re-run the same command to resume")
+def _stopped_by_signal(run: RunDir, sig: signal.Signals, cfg: Config) -> None:
+    if run.preempted:
+        raise Preempted(f"stopped by {sig.name}, checkpoint saved in {run.root}; re-run the same command to resume")
     raise WorkerFailure(
         128 + int(sig),
         f"stopped by {sig.name}: the ranks were given dist.shutdown_timeout_s={cfg.dist.shutdown_timeout_s}s to "
-        f"finish; re-running resumes from the newest checkpoint in {run_dir / 'checkpoints'}",
+        f"finish; re-running resumes from the newest checkpoint in {run.checkpoints}",
     )

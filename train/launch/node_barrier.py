@@ -19,8 +19,8 @@ import logging
 import socket
 import time
 
-from train.dist.topology import Topology
 from train.errors import DistributedError, PreflightError, StopRequested
+from train.launch.topology import Topology
 
 log = logging.getLogger(__name__)
 

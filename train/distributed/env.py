@@ -157,13 +157,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
-    """Sum a float64 tensor over ranks (on the backend's device), returned on the CPU."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return values.clone()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    buf = values.to(device)
-    dist.all_reduce(buf)
-    return buf.cpu()

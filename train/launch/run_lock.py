@@ -4,11 +4,9 @@ Two launches into one run folder would both train, append to the same metrics, c
 and resume from each other's checkpoints. So the launcher takes an exclusive lock on the folder for the whole
 launch (every stage, every torchrun restart) and a second launch fails at once, naming the holder.
 
-The ranks outlive nothing: each asks the kernel to kill it when its launcher dies (a parent-death signal;
-``kill -9`` of the launcher, the OOM killer or ``timeout -s KILL`` leave no orphans training unseen), and
-holds a shared lock of its own that its DataLoader workers inherit (they exit within seconds of their rank,
-by PyTorch's own watch on their parent). A new launch waits briefly for that lock too, so it never starts
-while processes of the previous launch still run.
+The ranks outlive nothing (train.distributed.lifeline): each dies with its launcher and holds a shared lock
+of its own that its DataLoader workers inherit. A new launch waits briefly for that lock too, so it never
+starts while processes of the previous launch still run.
 
 ``flock`` locks belong to open files, not to paths: a process that dies releases them, so a lock left by a
 dead launch never blocks the next one, whatever the lock file still says.
@@ -16,13 +14,11 @@ dead launch never blocks the next one, whatever the lock file still says.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import time
@@ -30,22 +26,12 @@ from datetime import datetime
 from pathlib import Path
 
 from train.errors import PreflightError
+from train.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
-# Environment the launcher hands its ranks: its pid (their parent) and the lock the ranks hold.
-LAUNCHER_PID_VAR = "TRAIN_LAUNCHER_PID"
-RANKS_LOCK_VAR = "TRAIN_RANKS_LOCK"
 # A rank dies with its launcher at once; its DataLoader workers notice within a few seconds.
 RANK_EXIT_GRACE_S = 15.0
-
-_held_by_rank: list[int] = []  # the rank's lock descriptor, open for the life of the process
-
-
-def lock_paths(run_dir: Path, node_rank: int) -> tuple[Path, Path]:
-    """(launcher lock, ranks lock) of one node: the nodes of one multi-node job share a run folder on a shared
-    file system, and each node's launcher holds its own."""
-    return run_dir / f".launch-node{node_rank}.lock", run_dir / f".ranks-node{node_rank}.lock"
 
 
 def _try_flock(fd: int, mode: int) -> bool:
@@ -69,9 +55,9 @@ def _describe_holder(path: Path) -> str:
 class RunLock:
     """The launcher's exclusive lock on a run folder; a context manager."""
 
-    def __init__(self, run_dir: Path, node_rank: int = 0):
-        self.run_dir = Path(run_dir)
-        self.path, self.ranks_path = lock_paths(self.run_dir, node_rank)
+    def __init__(self, run: RunDir, node_rank: int = 0):
+        self.run_dir = run.root
+        self.path, self.ranks_path = run.lock_paths(node_rank)
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:
@@ -115,37 +101,7 @@ class RunLock:
         finally:
             os.close(fd)
 
-    def rank_environment(self) -> dict[str, str]:
-        """What the ranks of this launch need to hold their side of the lock and to die with the launcher."""
-        return {LAUNCHER_PID_VAR: str(os.getpid()), RANKS_LOCK_VAR: str(self.ranks_path)}
-
     def __exit__(self, *exc) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor releases the lock
             self._fd = None
-
-
-def _set_parent_death_signal(sig: int) -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    PR_SET_PDEATHSIG = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
-        log.warning("could not ask to be killed with the launcher: %s", os.strerror(ctypes.get_errno()))
-
-
-def hold_for_rank() -> None:
-    """In a rank, first thing: die with the launcher, and hold the ranks' shared lock while alive.
-
-    Does nothing outside a launch (a rank started by hand or by a test harness has no launcher to follow)."""
-    launcher = os.environ.get(LAUNCHER_PID_VAR)
-    if not launcher:
-        return
-    _set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() != int(launcher):
-        os._exit(128 + signal.SIGKILL)  # the launcher died before the signal was armed: behave as if it fired
-    if not _held_by_rank:
-        # Forked DataLoader workers share this descriptor (and so the lock); programs the rank executes do not.
-        fd = os.open(os.environ[RANKS_LOCK_VAR], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        _held_by_rank.append(fd)

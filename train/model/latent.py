@@ -12,59 +12,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from train.atomic import fsync_dir, write_json_atomic
+from train.atomic import atomic_dir, write_json_atomic
+from train.checkpoint import CONFIG, MODEL, SPECS
 from train.data.cache import CacheInfo
 from train.data.checksum import hash_file
-from train.data.dataset import training_dataset
+from train.data.dataset import LATENT_FORMAT, MANIFEST, TOKENS, LatentInfo, training_dataset
 from train.errors import ConfigError
-from train.model.multitask import TaskCodec, TaskSpec
+from train.model.multitask import TaskCodec
+from train.model.specs import TaskSpec
 
 log = logging.getLogger(__name__)
 
-LATENT_FORMAT = 1
-MANIFEST = "manifest.json"
-TOKENS = "train_z.npy"
 ENCODER_KEYS = ("encode.weight", "encode.bias", "position")  # the codec's parameters that make tokens
 _BLOCK_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class LatentInfo:
-    """A finished latent cache: the tokens of every training item, and the encoder weights that made them."""
-
-    path: Path
-    encoder: str
-    items: int
-    tokens: int
-    d_model: int
-
-    @property
-    def file(self) -> Path:
-        """The (items, tokens, d_model) float32 array of the training split's tokens."""
-        return self.path / TOKENS
-
-    def encoder_state(self) -> dict[str, torch.Tensor]:
-        """The frozen encoder's parameters (codec-relative names), as stored with the latents."""
-        return torch.load(self.path / "encoder.pt", map_location="cpu", weights_only=True)
-
-    @classmethod
-    def load(cls, path: Path) -> LatentInfo | None:
-        try:
-            meta = json.loads((path / MANIFEST).read_text())
-        except (OSError, ValueError):
-            return None
-        if meta.get("format") != LATENT_FORMAT:
-            return None
-        return cls(path, meta["encoder"], meta["items"], meta["tokens"], meta["d_model"])
 
 
 def frozen_encoder(checkpoint: Path, name: str, spec: TaskSpec, d_model: int, key: str) -> dict[str, torch.Tensor]:
@@ -73,7 +39,7 @@ def frozen_encoder(checkpoint: Path, name: str, spec: TaskSpec, d_model: int, ke
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ConfigError(f"{key}: '{checkpoint}' is not a readable checkpoint ({type(e).__name__}: {e})") from None
-    specs, weights = state.get("specs", {}), state.get("model", {})
+    specs, weights = state.get(SPECS, {}), state.get(MODEL, {})
     if name not in specs:
         raise ConfigError(
             f"{key}: checkpoint '{checkpoint}' has no task '{name}' (it has: {', '.join(sorted(specs)) or 'none'}); "
@@ -85,7 +51,7 @@ def frozen_encoder(checkpoint: Path, name: str, spec: TaskSpec, d_model: int, ke
         for field in ours.__dataclass_fields__
         if getattr(theirs, field) != getattr(ours, field)
     ]
-    their_width = state.get("config", {}).get("model", {}).get("d_model")
+    their_width = state.get(CONFIG, {}).get("model", {}).get("d_model")
     if their_width != d_model:
         differences.append(f"model.d_model {their_width} there, {d_model} here")
     if differences:
@@ -101,7 +67,7 @@ def build_latent_cache(
 ) -> LatentInfo:
     """Return the latent cache of ``info``'s training split under the frozen encoder, building it if needed.
 
-    The caller holds the cache root's :func:`train.data.cache.node_lock`.
+    The caller holds the cache root's :func:`train.data.cache.building_caches` lock.
     """
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():
@@ -121,20 +87,11 @@ def build_latent_cache(
         return found
     if final.exists():
         shutil.rmtree(final)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    try:
+    with atomic_dir(final) as tmp:
         items, tokens = _write(tmp, info, spec, d_model, encoder)
         torch.save(encoder, tmp / "encoder.pt")
-        for path in tmp.iterdir():
-            with open(path, "rb+") as f:
-                os.fsync(f.fileno())
         manifest = {**recipe, "encoder": str(checkpoint.resolve()), "encoder_checksum": recipe["encoder"]}
         write_json_atomic(tmp / MANIFEST, {**manifest, "items": items, "tokens": tokens, "d_model": d_model})
-        os.rename(tmp, final)
-        fsync_dir(final.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info(
         "latent cache %s: %d items x %d tokens x %d from %s -> %s", name, items, tokens, d_model, checkpoint, final
     )

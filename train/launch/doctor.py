@@ -19,9 +19,9 @@ from pathlib import Path
 
 from train.config import Config
 from train.data.cache import CacheInfo
-from train.dist.capacity import MiB, find_caches, mib, needs_by_filesystem, shm_need
-from train.dist.topology import Topology, nproc_for, topology_from_environ
 from train.errors import ConfigError, PreflightError
+from train.launch.capacity import MiB, find_caches, mib, needs_by_filesystem, shm_need
+from train.launch.topology import Topology, nproc_for, topology_from_environ
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +282,7 @@ def check_shm(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None], f
         return Check("/dev/shm", WARN, f"{have}, little above the {mib(need)} needed: {how}", fix)
     if size <= DOCKER_DEFAULT_SHM:
         # Enough for this config, but the size every container gets unless asked: the next change (workers,
-        # GPUs) is the seed's SIGBUS. Say so now, while it is cheap to fix.
+        # GPUs) is a SIGBUS in a DataLoader worker (docs/troubleshooting.md). Say so now, while it is cheap to fix.
         return Check(
             "/dev/shm", WARN, f"{have}; needs {mib(need)}, but this is Docker's 64 MB default: more DataLoader "
             "workers or NCCL across GPUs will exhaust it", fix,

@@ -1,9 +1,8 @@
-"""The smoke test: does distributed training work on this machine, in seconds, before a long run?
+"""The rank side of the smoke test (``python -m train smoke``; the launcher side is train.launch.smoke).
 
-``python -m train smoke`` launches one rank per visible GPU (or dist.cpu_nproc CPU processes) through the
-same launcher as training. Each rank runs: collectives with known results, 5 DDP steps whose gradients are
-checked against one process computing the whole batch, a checkpoint save/load round trip and a
-torch.compile step. Rank 0 prints a table and writes runs/smoke/smoke.json; any failure exits non-zero.
+Each rank runs: collectives with known results, 5 DDP steps whose gradients are checked against one process
+computing the whole batch, a checkpoint save/load round trip and a torch.compile step. Rank 0 prints a table
+and writes runs/smoke/smoke.json; any failure exits non-zero.
 """
 
 from __future__ import annotations
@@ -19,16 +18,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 from torch.nn.parallel import DistributedDataParallel
 
-from train.atomic import write_json_atomic, write_text_atomic
-from train.config import Config, load_config, to_yaml
-from train.dist.env import DistEnv, destroy_distributed, init_distributed, rank_from_environ
-from train.dist.run_lock import hold_for_rank
-from train.engine.checkpoint import checkpoint_name, load_checkpoint, save_checkpoint
+from train.atomic import write_json_atomic
+from train.checkpoint import MODEL, OPTIMIZER, checkpoint_name, load_checkpoint, save_checkpoint
+from train.distributed.env import DistEnv, destroy_distributed, init_distributed, rank_from_environ
+from train.distributed.error_file import record, record_error
+from train.distributed.lifeline import hold_for_launcher
 from train.errors import DistributedError, TrainError
 from train.obs.log import setup_logging
+from train.run_dir import RunDir, rank_arguments
 
 log = logging.getLogger(__name__)
 
@@ -131,16 +130,16 @@ def check_checkpoint(env: DistEnv, state: dict, folder: Path) -> str:
     failed = None
     if env.is_main:
         try:
-            save_checkpoint(folder, 0, {"model": model.state_dict(), "optimizer": opt.state_dict()}, keep=1)
+            save_checkpoint(folder, 0, {MODEL: model.state_dict(), OPTIMIZER: opt.state_dict()}, keep=1)
         except OSError as e:  # reported after the barrier, which every rank must reach to stay in step
             failed = e
     dist.barrier()
     expect(failed is None, f"saving into {folder} failed: {failed}")
     loaded = load_checkpoint(folder / checkpoint_name(0))
     for name, tensor in model.state_dict().items():
-        expect(torch.equal(loaded["model"][name], tensor.cpu()), f"{name} differs after the round trip")
+        expect(torch.equal(loaded[MODEL][name], tensor.cpu()), f"{name} differs after the round trip")
     restored = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    restored.load_state_dict(loaded["optimizer"])
+    restored.load_state_dict(loaded[OPTIMIZER])
     expect(len(restored.state) == len(opt.state), "the optimizer's momentum buffers were not restored")
     return f"model and optimizer restored from {folder.name}/{checkpoint_name(0)}"
 
@@ -168,7 +167,7 @@ def check_compile(env: DistEnv, state: dict) -> str:
     return f"{captured} graph(s) compiled; gradients equal eager"
 
 
-def run_checks(env: DistEnv, run_dir: Path, compile_step: bool) -> list[dict]:
+def run_checks(env: DistEnv, run: RunDir, compile_step: bool) -> list[dict]:
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # the reference runs in exact float32 on the CPU
         torch.backends.cudnn.allow_tf32 = False
@@ -179,7 +178,7 @@ def run_checks(env: DistEnv, run_dir: Path, compile_step: bool) -> list[dict]:
         ("all_gather", lambda: check_all_gather(env)),
         ("barrier", lambda: check_barrier(env)),
         ("DDP vs one process", lambda: check_ddp_steps(env, state)),
-        ("checkpoint round trip", lambda: check_checkpoint(env, state, run_dir / "checkpoints")),
+        ("checkpoint round trip", lambda: check_checkpoint(env, state, run.checkpoints)),
     ]
     if compile_step:
         checks.append(("torch.compile step", lambda: check_compile(env, state)))
@@ -219,55 +218,36 @@ def summarise(env: DistEnv, per_rank: list[list[dict]]) -> tuple[str, list[dict]
 
 @record
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.smoke")
-    parser.add_argument("--run-dir", type=Path, required=True)
+    run, record, rest = rank_arguments(argv)
+    if record is not None:
+        hold_for_launcher(record.launcher_pid, record.ranks_lock)
+    parser = argparse.ArgumentParser(prog="python -m train.smoke_worker")
     parser.add_argument("--skip-compile", action="store_true")
-    args = parser.parse_args(argv)
-    cfg = load_config(args.run_dir / "config.yaml")
-    hold_for_rank()
+    args = parser.parse_args(rest)
+    cfg = run.load_config()
     rank = rank_from_environ()
-    setup_logging(f"rank{rank}", args.run_dir / "logs" / f"rank{rank}.log", console=rank == 0)
+    setup_logging(f"rank{rank}", run.rank_log(rank), console=rank == 0)
     try:
         env = DistEnv.from_environ(cfg.dist.backend, cfg.dist.backend_fallback)
         env = init_distributed(env, cfg.dist.timeout_s, cfg.dist.backend_fallback)
-        results = run_checks(env, args.run_dir, not args.skip_compile)
+        results = run_checks(env, run, not args.skip_compile)
         per_rank: list = [None] * env.world_size
         dist.all_gather_object(per_rank, results)
         table, rows = summarise(env, per_rank)
         if env.is_main:
             print(table, flush=True)
-            write_json_atomic(args.run_dir / "smoke.json", {"world_size": env.world_size, "checks": rows})
+            write_json_atomic(run.smoke_results, {"world_size": env.world_size, "checks": rows})
         destroy_distributed(wait_for_peers=True)
         failed = [r["check"] for r in rows if not r["ok"]]
         if failed:
-            raise DistributedError(f"smoke test failed: {', '.join(failed)} (details in {args.run_dir / 'logs'})")
+            raise DistributedError(f"smoke test failed: {', '.join(failed)} (details in {run.logs})")
     except TrainError as e:
         log.error("%s", e)
-        get_error_handler().record_exception(e)
+        record_error(e)
         return e.exit_code
     finally:
         destroy_distributed()
     return 0
-
-
-def run_smoke(cfg: Config, nproc: str | int | None, *, compile_step: bool = True, preflight: bool = True) -> Path:
-    """Launch the smoke test on this node (launcher side); raises on any failed check."""
-    from train.dist.launch import launch, resolve_nproc
-    from train.dist.preflight import doctor
-    from train.dist.session import launch_session
-
-    run_dir = Path(cfg.run.runs_dir) / "smoke"
-    with launch_session(cfg, run_dir) as session:
-        if preflight:
-            doctor(cfg, nproc, caches={}, quiet=True, data=False, rendezvous_held=session.hosts_rendezvous)
-        write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
-        start = time.perf_counter()
-        args = ["--run-dir", str(run_dir)] + ([] if compile_step else ["--skip-compile"])
-        n = resolve_nproc(nproc, cfg)
-        session.ready_to_launch()
-        launch(run_dir, n, cfg, args, module="train.smoke")
-    log.info("smoke test passed in %.1f s; results in %s", time.perf_counter() - start, run_dir / "smoke.json")
-    return run_dir
 
 
 if __name__ == "__main__":

@@ -7,12 +7,12 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from train.config import Config
-from train.dist.node_barrier import NodeBarrier
-from train.dist.run_lock import RunLock
-from train.dist.topology import topology_from_environ
+from train.launch.node_barrier import NodeBarrier
+from train.launch.run_lock import RunLock
+from train.launch.topology import topology_from_environ
+from train.run_dir import RunDir
 
 
 @dataclass
@@ -37,10 +37,9 @@ class LaunchSession:
 
 
 @contextlib.contextmanager
-def launch_session(cfg: Config, run_dir: Path) -> Iterator[LaunchSession]:
-    topology = topology_from_environ(os.environ, cfg.run.name or run_dir.name)
-    with RunLock(run_dir, topology.node_rank) as lock:
-        os.environ.update(lock.rank_environment())  # torchrun hands the launcher's environment to the ranks
+def launch_session(cfg: Config, run: RunDir) -> Iterator[LaunchSession]:
+    topology = topology_from_environ(os.environ, cfg.run.name or run.root.name)
+    with RunLock(run, topology.node_rank):
         if not topology.multi_node:
             yield LaunchSession(None)
             return

@@ -8,9 +8,11 @@ are deleted only after a newer one is safely on disk.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,36 @@ log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^step_(\d{8,})\.pt$")
 BEST = "best.pt"
+
+# The named components of a training checkpoint.
+MODEL = "model"
+"""The bare model's state_dict (never DDP's or the compiled wrapper's)."""
+OPTIMIZER = "optimizer"
+SCHEDULER = "scheduler"
+SCALER = "scaler"
+"""fp16's gradient scaler; present only when one is used."""
+PROGRESS = "progress"
+"""Where training stands: a :class:`RunState` as a dict."""
+CONFIG = "config"
+"""The run's resolved config, as JSON-compatible data."""
+SPECS = "specs"
+"""Each task's shapes (``TaskSpec.as_dict()``) by task name."""
+
+
+@dataclass
+class RunState:
+    """Where training stands; saved in every checkpoint under PROGRESS."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    best_val: float = math.inf
+    bad_validations: int = 0
+    early_stopped: bool = False
+
+    def done(self, epochs: int) -> bool:
+        """Early stopping is final; reaching train.epochs is not: a run resumed with more epochs continues."""
+        return self.early_stopped or self.epoch >= epochs
 
 
 def checkpoint_name(step: int) -> str:
@@ -114,11 +146,11 @@ def resume_source(policy: str, folder: Path) -> Path | None:
 def model_differences(saved: dict[str, Any], model_cfg: dict[str, Any], specs: dict[str, dict]) -> list[str]:
     """Keys under which a checkpoint's model (its model config and task shapes) differs from this run's."""
     differences = []
-    saved_model = saved.get("config", {}).get("model", {})
+    saved_model = saved.get(CONFIG, {}).get("model", {})
     for key in sorted(set(saved_model) | set(model_cfg)):
         if saved_model.get(key) != model_cfg.get(key):
             differences.append(f"model.{key} ({saved_model.get(key)!r} there, {model_cfg.get(key)!r} here)")
-    saved_specs = saved.get("specs", {})
+    saved_specs = saved.get(SPECS, {})
     for task in sorted(set(saved_specs) | set(specs)):
         if task not in saved_specs or task not in specs:
             where = "only in the checkpoint" if task in saved_specs else "not in the checkpoint"
@@ -129,3 +161,9 @@ def model_differences(saved: dict[str, Any], model_cfg: dict[str, Any], specs: d
             if a != b and not (isinstance(a, list | tuple) and isinstance(b, list | tuple) and list(a) == list(b)):
                 differences.append(f"tasks.{task}.{key} ({a!r} there, {b!r} here)")
     return differences
+
+
+def training_done(folder: Path, epochs: int) -> bool:
+    """Whether the newest checkpoint in ``folder`` ends training (the one rule: :meth:`RunState.done`)."""
+    path = latest_checkpoint(folder)
+    return path is not None and RunState(**load_checkpoint(path)[PROGRESS]).done(epochs)

@@ -1,0 +1,62 @@
+"""The training objective, one function for training, validation and the bench; and its running mean for
+the log, reduced over ranks.
+
+The loss of a task is the mean squared error of its normalised prediction. It is computed in fp32 at least,
+whatever dtype autocast produced: the small errors of a good surrogate vanish in bf16.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch import nn
+
+from train.distributed.collectives import all_reduce_sum
+
+
+def task_loss(pred: torch.Tensor, target: torch.Tensor, *, per_sample: bool = False) -> torch.Tensor:
+    """Mean squared error of one task's batch; ``per_sample``: one value per sample (shape (batch,)), so that
+    sums over ranks weigh every sample once."""
+    if pred.dtype in (torch.float16, torch.bfloat16):
+        pred = pred.float()
+    target = target.to(pred.dtype)
+    if not per_sample:
+        return nn.functional.mse_loss(pred, target)
+    return nn.functional.mse_loss(pred, target, reduction="none").flatten(1).mean(1)
+
+
+class LossWindow:
+    """Per-task loss sums and counts, samples and time since the last log line, summed on the device (moving the
+    loss to the CPU every step would stall a GPU)."""
+
+    def __init__(self, n_tasks: int, device: torch.device):
+        self.sums = torch.zeros(n_tasks, device=device)
+        self.counts = torch.zeros(n_tasks, device=device)
+        self.samples, self.steps, self.excluded = 0, 0, 0.0
+        self.start = time.perf_counter()
+
+    def add(self, sums: torch.Tensor, counts: torch.Tensor, samples: int) -> None:
+        self.sums += sums
+        self.counts += counts
+        self.samples += samples
+        self.steps += 1
+
+    def exclude(self, seconds: float) -> None:
+        self.excluded += seconds
+
+    def take(self) -> tuple[list[float], dict]:
+        """Mean loss per task over all ranks (ranks may train different tasks), and the throughput figures."""
+        local = torch.cat([self.sums, self.counts]).double().cpu()
+        local = torch.cat([local, torch.tensor([float(self.samples)], dtype=torch.float64)])
+        reduced = all_reduce_sum(local).tolist()
+        n = len(self.sums)
+        mean = [reduced[i] / reduced[n + i] if reduced[n + i] else math.nan for i in range(n)]
+        elapsed = max(1e-9, time.perf_counter() - self.start - self.excluded)
+        record = {"samples_per_s": reduced[-1] / elapsed, "step_time_s": elapsed / max(1, self.steps)}
+        self.sums.zero_()
+        self.counts.zero_()
+        self.samples, self.steps, self.excluded = 0, 0, 0.0
+        self.start = time.perf_counter()
+        return mean, record

@@ -1,0 +1,32 @@
+"""The optimizer and its learning-rate schedule, built in one place from the train config."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+
+from train.config import TrainConfig
+
+
+def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
+    """The learning-rate factor at each step: linear warm-up over ``warmup`` steps, then a cosine to zero."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def build_optimizer(
+    parameters: Iterable[torch.nn.Parameter], cfg: TrainConfig, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """AdamW over the trainable ``parameters`` and a warm-up + cosine schedule over ``total_steps`` (the warm-up
+    is capped at half of them, so a short run still decays)."""
+    optimizer = torch.optim.AdamW([p for p in parameters if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay)
+    schedule = warmup_cosine(min(cfg.warmup_steps, total_steps // 2), total_steps)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

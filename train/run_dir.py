@@ -1,0 +1,193 @@
+"""The run folder: the one contract between the launcher, which writes it, and the ranks, which read it.
+
+```
+runs/<name>/
+  config.yaml             the resolved config (the launcher refuses a folder that holds a different run)
+  inputs.json             each task's cache folders, found or built by the launcher
+  launch-node<k>.json     node k's launch record: when torchrun started, whether the console is a terminal,
+                          the launcher's pid and the lock its ranks hold
+  .launch-node<k>.lock    held by node k's launcher for the whole launch
+  .ranks-node<k>.lock     held (shared) by node k's ranks and their DataLoader workers
+  checkpoints/            step_NNNNNNNN.pt, best.pt, archive-<time>/
+  logs/                   launcher.log, rank<r>.log, torchrun/ (every rank's stdout and stderr)
+  metrics.jsonl  tensorboard/  report/  flight_recorder/ (DEBUG=1)
+  preempted.json          written by rank 0 when a stop request was honoured with a checkpoint
+  smoke.json              the smoke test's results (in runs/smoke)
+```
+Nothing else passes from the launcher to the ranks: their command line names this folder and their node's
+launch record, and every other fact is read from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from train.atomic import write_json_atomic, write_text_atomic
+from train.checkpoint import training_done
+from train.config import Config, load_config, to_yaml, training_differences
+from train.data.cache import CacheInfo
+from train.data.dataset import LatentInfo
+from train.errors import ConfigError, DataError
+from train.model.specs import TaskData, task_spec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """What one node's launcher tells its ranks about this launch."""
+
+    started_at: float
+    """Wall time at which torchrun was started (for the launch-to-first-step figure)."""
+    live_console: bool
+    """The launcher's stderr is a terminal (and DEBUG is off): rank 0 may redraw a progress bar in place."""
+    launcher_pid: int
+    """The ranks' parent: they ask the kernel to kill them when it dies."""
+    ranks_lock: str
+    """The lock file the ranks hold (shared) while alive; the next launch waits for it."""
+
+    @classmethod
+    def read(cls, path: Path) -> LaunchRecord:
+        try:
+            return cls(**json.loads(Path(path).read_text()))
+        except (OSError, ValueError, TypeError) as e:
+            raise DataError(f"launch record {path} cannot be read ({e}); start ranks through python -m train") from e
+
+
+class RunDir:
+    """The layout of one run folder and the files that pass between launcher and ranks."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    @classmethod
+    def of(cls, cfg: Config) -> RunDir:
+        """runs_dir/<run name> of a loaded config."""
+        assert cfg.run.name, "load_config names every run"
+        return cls(Path(cfg.run.runs_dir) / cfg.run.name)
+
+    # -- the layout ----------------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "inputs.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def flight_recorder(self) -> Path:
+        return self.root / "flight_recorder"
+
+    @property
+    def preempted_marker(self) -> Path:
+        return self.root / "preempted.json"
+
+    @property
+    def smoke_results(self) -> Path:
+        """The smoke test's table, as JSON (its run folder is runs/smoke)."""
+        return self.root / "smoke.json"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.log"
+
+    def launch_record(self, node_rank: int) -> Path:
+        return self.root / f"launch-node{node_rank}.json"
+
+    def lock_paths(self, node_rank: int) -> tuple[Path, Path]:
+        """(launcher lock, ranks lock) of one node: the nodes of one multi-node job may share the run folder
+        on a shared file system, and each node's launcher holds its own."""
+        return self.root / f".launch-node{node_rank}.lock", self.root / f".ranks-node{node_rank}.lock"
+
+    # -- written by the launcher ---------------------------------------------------------------------------
+
+    def prepare(self, cfg: Config, *, same_run: bool = True) -> None:
+        """Create the folder with the resolved config. ``same_run``: refuse a folder holding a run whose config
+        differs in what training depends on."""
+        if same_run and self.config.is_file():
+            differences = training_differences(load_config(self.config), cfg)
+            if differences:
+                raise ConfigError(
+                    f"{self.root} holds a run with a different config ({', '.join(differences)}); pick another "
+                    f"run name (RUN=... or --run) or delete {self.root} to start over"
+                )
+        write_text_atomic(self.config, to_yaml(cfg))
+        self.logs.mkdir(parents=True, exist_ok=True)
+
+    def write_inputs(self, folders: dict[str, dict[str, str | None]]) -> None:
+        """Each task's cache folder and latent cache folder (None without one)."""
+        write_json_atomic(self.inputs, folders)
+
+    def write_launch_record(self, node_rank: int, ranks_lock: Path, live_console: bool) -> Path:
+        path = self.launch_record(node_rank)
+        record = LaunchRecord(time.time(), live_console, os.getpid(), str(ranks_lock))
+        write_json_atomic(path, asdict(record))
+        return path
+
+    def clear_preempted(self) -> None:
+        """Before the ranks start: a marker left from an earlier launch must not turn a failure into a stop."""
+        self.preempted_marker.unlink(missing_ok=True)
+
+    def fit_is_done(self, cfg: Config) -> bool:
+        return training_done(self.checkpoints, cfg.train.epochs)
+
+    # -- read by the ranks ---------------------------------------------------------------------------------
+
+    def load_config(self) -> Config:
+        return load_config(self.config)
+
+    def load_tasks(self, cfg: Config) -> list[TaskData]:
+        """The caches the launcher prepared for this run, with each task's model spec."""
+        inputs = json.loads(self.inputs.read_text())
+        tasks = []
+        for name, task in cfg.tasks.items():
+            folders = inputs[name]
+            info = CacheInfo.load(Path(folders["cache"]))
+            latent = LatentInfo.load(Path(folders["latent"])) if folders["latent"] else None
+            if info is None or (folders["latent"] and latent is None):
+                raise DataError(
+                    f"task {name}: a cache in {folders} is missing or incomplete; run 'python -m train cache'"
+                )
+            tasks.append(TaskData(name, info, task_spec(info, task), latent))
+        return tasks
+
+    def mark_preempted(self, progress: dict) -> None:
+        """Rank 0, once a stop request was honoured with a checkpoint: the launcher then exits 75."""
+        write_json_atomic(self.preempted_marker, progress)
+
+    @property
+    def preempted(self) -> bool:
+        return self.preempted_marker.is_file()
+
+
+def rank_arguments(argv: list[str] | None = None) -> tuple[RunDir, LaunchRecord | None, list[str]]:
+    """A rank's command line: ``--run-dir`` and, from the launcher, ``--launch-record``; returns the rest."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--launch-record", type=Path)
+    known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    record = LaunchRecord.read(known.launch_record) if known.launch_record else None
+    return RunDir(known.run_dir), record, rest
