@@ -9,20 +9,19 @@ runs/<name>/
   .launch-node<k>.lock    held by node k's launcher for the whole launch
   .ranks-node<k>.lock     held (shared) by node k's ranks and their DataLoader workers
   checkpoints/            step_NNNNNNNN.pt, best.pt, archive-<time>/
-  logs/                   launcher.log, rank<r>.log, torchrun/ (every rank's stdout and stderr)
+  logs/                   rank<r>.log, torchrun/ (every rank's stdout, stderr and error file)
   metrics.jsonl  tensorboard/  report/  flight_recorder/ (DEBUG=1)
   preempted.json          written by rank 0 when a stop request was honoured with a checkpoint
   smoke.json              the smoke test's results (in runs/smoke)
 ```
-Nothing else passes from the launcher to the ranks: their command line names this folder and their node's
-launch record, and every other fact is read from here.
+Beyond torchrun's own variables (RANK, WORLD_SIZE, ...) and the environment it inherits, the ranks learn
+everything from here: their command line names this folder and their node's launch record.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -36,8 +35,6 @@ from train.data.cache import CacheInfo
 from train.data.dataset import LatentInfo
 from train.errors import ConfigError, DataError
 from train.model.specs import TaskData, task_spec
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
