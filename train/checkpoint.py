@@ -143,10 +143,13 @@ def resume_source(policy: str, folder: Path) -> Path | None:
     return path
 
 
-def model_differences(saved: dict[str, Any], model_cfg: dict[str, Any], specs: dict[str, dict]) -> list[str]:
-    """Keys under which a checkpoint's model (its model config and task shapes) differs from this run's."""
+def model_differences(
+    saved: dict[str, Any], model_cfg: dict[str, Any], specs: dict[str, dict], defaults: dict[str, Any] | None = None
+) -> list[str]:
+    """Keys under which a checkpoint's model (its model config and task shapes) differs from this run's.
+    ``defaults``: the values of model keys that a checkpoint written before they existed does not record."""
     differences = []
-    saved_model = saved.get(CONFIG, {}).get("model", {})
+    saved_model = {**(defaults or {}), **saved.get(CONFIG, {}).get("model", {})}
     for key in sorted(set(saved_model) | set(model_cfg)):
         if saved_model.get(key) != model_cfg.get(key):
             differences.append(f"model.{key} ({saved_model.get(key)!r} there, {model_cfg.get(key)!r} here)")

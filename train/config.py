@@ -78,7 +78,40 @@ class TaskConfig(Section):
     running the encoder. The run's data settings, patch_size, initial_step and model.d_model must match it."""
 
 
+class FNOConfig(Section):
+    """A Fourier neural operator per task, after PDEBench's FNO1d/FNO2d."""
+
+    modes: int = Field(12, ge=1)
+    """Fourier modes kept along each spatial axis (capped at what the grid holds)."""
+    width: int = Field(32, ge=1)
+    """Channels of the spectral layers."""
+    layers: int = Field(4, ge=1)
+    """Spectral layers (each a spectral convolution plus a pointwise one)."""
+    padding: int | None = Field(None, ge=0)
+    """Zero padding appended to each spatial axis before the spectral layers, for non-periodic domains; None:
+    PDEBench's choice, none on 1D grids and 2 points on 2D grids."""
+
+
+class UNetConfig(Section):
+    """A U-Net per task, after PDEBench's UNet1d/UNet2d."""
+
+    init_features: int = Field(32, ge=1)
+    """Channels of the first level; each of the four levels down doubles them."""
+
+
+BUILT_IN_MODELS = ("transformer", "fno", "unet")
+
+
 class ModelConfig(Section):
+    name: str = "transformer"
+    """The architecture: a built-in one (transformer, fno, unet), or your own factory as 'package.module:function' or
+    'path/to/file.py:function', called as factory(specs, **model.args) (see the README, 'Your own model')."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of your own factory (built-in models take their settings from their own section)."""
+    fno: FNOConfig = FNOConfig()
+    """Settings of model.name=fno."""
+    unet: UNetConfig = UNetConfig()
+    """Settings of model.name=unet."""
     d_model: int = Field(96, ge=8)
     """Width of the shared transformer processor."""
     n_heads: int = Field(4, ge=1)
@@ -244,6 +277,23 @@ class Config(Section):
 
     @pydantic.model_validator(mode="after")
     def _check_consistency(self) -> Config:
+        name = self.model.name
+        if name not in BUILT_IN_MODELS and ":" not in name:
+            raise ValueError(
+                f"model.name={name!r} is neither a built-in model ({', '.join(BUILT_IN_MODELS)}) nor a factory "
+                "'package.module:function' or 'path/to/file.py:function'"
+            )
+        if self.model.args and name in BUILT_IN_MODELS:
+            raise ValueError(
+                f"model.args is only for a factory of your own; model.name={name} takes its settings from its "
+                "own keys (see the README, 'Models')"
+            )
+        latent = [t for t, task in self.tasks.items() if task.latent_encoder is not None]
+        if latent and name != "transformer":
+            raise ValueError(
+                f"tasks.{latent[0]}.latent_encoder needs model.name=transformer (the frozen encoder is the "
+                f"transformer's patch encoder); model.name={name} cannot use it: remove latent_encoder"
+            )
         if self.model.d_model % self.model.n_heads:
             raise ValueError(
                 f"model.d_model ({self.model.d_model}) must be a multiple of model.n_heads ({self.model.n_heads})"

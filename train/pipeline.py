@@ -10,13 +10,14 @@ import logging
 from pathlib import Path
 
 from train.checkpoint import archive_checkpoints, latest_checkpoint
-from train.config import Config
+from train.config import BUILT_IN_MODELS, Config
 from train.data.cache import CacheInfo, build_cache, building_caches
 from train.data.sources import SplitFiles, stage_data
 from train.errors import ConfigError
 from train.launch.doctor import check_shm_at_launch, doctor
 from train.launch.session import LaunchSession, launch_session
 from train.launch.torchrun import launch, resolve_nproc
+from train.model.factory import resolve_factory
 from train.model.latent import build_latent_cache
 from train.model.multitask import check_specs
 from train.model.specs import task_spec
@@ -41,7 +42,8 @@ def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, dict[s
                 f"{info.n_frames} frames after temporal_stride={task.temporal_stride}"
             )
         specs[name] = task_spec(info, task)
-        problems += check_specs({name: specs[name]})
+        if cfg.model.name == "transformer":  # patches must tile the grid
+            problems += check_specs({name: specs[name]})
     if problems:
         raise ConfigError("the data does not fit the config:\n  - " + "\n  - ".join(problems))
     folders: dict[str, dict[str, str | None]] = {}
@@ -85,6 +87,8 @@ def run_stages(
 def _launch_stages(
     cfg: Config, command: str, nproc: str | int | None, session: LaunchSession, *, b2_api, preflight: bool
 ) -> Path:
+    if cfg.model.name not in BUILT_IN_MODELS:
+        resolve_factory(cfg.model.name)  # a wrong path fails now, not after the data and cache stages
     if preflight:
         doctor(cfg, nproc, quiet=True, data=False, rendezvous_held=session.hosts_rendezvous)
     session.between_stages()

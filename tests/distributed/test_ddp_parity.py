@@ -9,11 +9,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from tests.helpers import run_ranks
-from train.config import Config, ModelConfig, TaskConfig
+from train.config import Config, FNOConfig, ModelConfig, TaskConfig, UNetConfig
 from train.data import generate
 from train.data.cache import build_cache
 from train.distributed.env import DistEnv, destroy_distributed, init_distributed
 from train.engine.evaluate import evaluate_split, validation_loss
+from train.model.factory import build_model
 from train.model.multitask import MultiTaskSurrogate
 from train.model.specs import TaskData, TaskSpec
 
@@ -74,6 +75,59 @@ def test_ddp_gradients_equal_single_process_gradients(tmp_path):
         assert grads.keys() == reference.keys()
         for name, grad in grads.items():
             torch.testing.assert_close(grad, reference[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+BUILT_IN = {
+    "fno": ModelConfig(name="fno", fno=FNOConfig(modes=4, width=8, layers=2)),
+    "unet": ModelConfig(name="unet", unet=UNetConfig(init_features=4)),
+}
+FIELD_SPECS = {
+    "adv": TaskSpec(grid=(32,), in_channels=1, out_channels=1, patch_size=4, initial_step=3, autoregressive=True),
+    "darcy": TaskSpec(grid=(16, 16), in_channels=1, out_channels=1, patch_size=4, initial_step=1, autoregressive=False),
+}
+
+
+def _field_batch() -> tuple[dict, dict]:
+    g = torch.Generator().manual_seed(2)
+    x = {"adv": torch.randn(8, 3, 32, 1, generator=g), "darcy": torch.randn(6, 16, 16, 1, generator=g)}
+    y = {"adv": torch.randn(8, 32, 1, generator=g), "darcy": torch.randn(6, 16, 16, 1, generator=g)}
+    return x, y
+
+
+def _built_in(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = build_model(FIELD_SPECS, BUILT_IN[name])
+    # U-Net: batch statistics are per rank under DDP (SyncBatchNorm runs only on GPUs), so compare with the
+    # running statistics, the same on both sides; every parameter still takes part.
+    return model.eval() if name == "unet" else model
+
+
+def _built_in_rank(rank: int, out: Path, name: str) -> None:
+    init_distributed(DistEnv.from_environ("gloo"), 60)
+    try:
+        model = DistributedDataParallel(_built_in(name))
+        x, y = _field_batch()
+        half = {k: v.chunk(2)[rank] for k, v in x.items()}
+        half_y = {k: v.chunk(2)[rank] for k, v in y.items()}
+        _loss(model, half, half_y).backward()
+        torch.save({n: p.grad.clone() for n, p in model.module.named_parameters()}, out / f"grads{rank}.pt")
+    finally:
+        destroy_distributed()
+
+
+@pytest.mark.parametrize("name", sorted(BUILT_IN))
+def test_built_in_models_ddp_gradients_equal_single_process_gradients(tmp_path, name):
+    run_ranks(_built_in_rank, 2, tmp_path, name)
+    model = _built_in(name)
+    x, y = _field_batch()
+    _loss(model, x, y).backward()
+    reference = {n: p.grad for n, p in model.named_parameters()}
+    assert all(g is not None for g in reference.values())
+    for rank in range(2):
+        grads = torch.load(tmp_path / f"grads{rank}.pt")
+        assert grads.keys() == reference.keys()
+        for param, grad in grads.items():
+            torch.testing.assert_close(grad, reference[param], rtol=1e-4, atol=1e-6, msg=param)
 
 
 def _tasks(root: Path) -> list[TaskData]:

@@ -9,12 +9,14 @@ from train.config import (
     CompileConfig,
     Config,
     DistConfig,
+    FNOConfig,
     ModelConfig,
     RunConfig,
     Section,
     SlurmConfig,
     TaskConfig,
     TrainConfig,
+    UNetConfig,
     apply_override,
     load_config,
     to_yaml,
@@ -417,7 +419,18 @@ def test_to_yaml_round_trips_shipped_configs(tmp_path, repo):
 # --------------------------------------------------------------------------------------- documentation
 def test_every_field_is_documented():
     sections = set(Section.__subclasses__())
-    assert sections == {TaskConfig, ModelConfig, TrainConfig, CompileConfig, DistConfig, RunConfig, SlurmConfig, Config}
+    assert sections == {
+        TaskConfig,
+        ModelConfig,
+        FNOConfig,
+        UNetConfig,
+        TrainConfig,
+        CompileConfig,
+        DistConfig,
+        RunConfig,
+        SlurmConfig,
+        Config,
+    }
     for section in sections:
         assert section.model_fields, section
         for name, field in section.model_fields.items():

@@ -71,12 +71,26 @@ def training_loaders(
 
 
 def probe_batches(tasks: list[TaskData], device: torch.device) -> dict[str, dict[str, torch.Tensor]]:
-    """One training item of each task, on the device: enough to see which parameters a task's forward uses."""
-    return {t.name: {k: v.to(device) for k, v in _dataset(t).__getitems__([0]).items()} for t in tasks}
+    """Two training items of each task (one if it has one), on the device: enough to see which parameters a
+    task's forward uses (two, because batch normalisation needs more than one value per channel in training)."""
+    batches = {}
+    for t in tasks:
+        dataset = _dataset(t)
+        items = dataset.__getitems__(list(range(min(2, len(dataset)))))
+        batches[t.name] = {k: v.to(device) for k, v in items.items()}
+    return batches
+
+
+def predict(
+    model: nn.Module, inputs: dict[str, torch.Tensor], latents: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """The model's predictions by task. Latents (a frozen encoder's tokens, transformer only) are passed only
+    when some task has them: every other model takes the inputs alone."""
+    return model(inputs, latents) if latents else model(inputs)
 
 
 def run_on_batches(model: nn.Module, batches: dict[str, dict[str, torch.Tensor]]) -> torch.Tensor:
     """A forward pass of ``model`` over ``batches`` reduced to one scalar to differentiate."""
     latents = {n: b["z"] for n, b in batches.items() if "z" in b}
-    preds = model({n: b["x"] for n, b in batches.items()}, latents or None)
+    preds = predict(model, {n: b["x"] for n, b in batches.items()}, latents)
     return sum(p.float().mean() for p in preds.values())

@@ -34,11 +34,18 @@ from train.checkpoint import (
     save_best,
     save_checkpoint,
 )
-from train.config import Config
+from train.config import Config, ModelConfig
 from train.distributed.collectives import all_reduce_sum, broadcast_from_main
 from train.distributed.env import DistEnv
 from train.engine.evaluate import validation_loss
-from train.engine.loaders import initial_model, probe_batches, run_on_batches, steps_per_epoch, training_loaders
+from train.engine.loaders import (
+    initial_model,
+    predict,
+    probe_batches,
+    run_on_batches,
+    steps_per_epoch,
+    training_loaders,
+)
 from train.engine.loss import LossWindow, task_loss
 from train.engine.optim import build_optimizer
 from train.engine.setup import (
@@ -54,6 +61,7 @@ from train.engine.setup import (
 from train.engine.signals import StopRequest
 from train.engine.streams import EpochStreams, step_seed, task_draws
 from train.errors import ConfigError, DistributedError, Preempted
+from train.model.factory import check_outputs
 from train.model.specs import TaskData
 from train.obs.monitor import DataWait, Progress, system_figures
 from train.obs.sinks import MetricSinks
@@ -83,6 +91,10 @@ class Trainer:
             if task.latent is not None:  # before DDP, which then leaves the frozen encoder out of its buckets
                 self.model.freeze_encoder(task.name, task.latent.encoder_state())
         probe = probe_batches(tasks, env.device)
+        with torch.no_grad():
+            inputs = {n: b["x"] for n, b in probe.items()}
+            latents = {n: b["z"] for n, b in probe.items() if "z" in b}
+            check_outputs(predict(self.model, inputs, latents), inputs, {t.name: t.spec for t in tasks}, cfg.model.name)
         check_no_dead_parameters(self.model, lambda m: run_on_batches(m, probe))
         # Which parameters each task's forward leaves out: named if DDP ever reports a missing gradient (probed
         # now, because once DDP's hooks are attached a probe would count as a step).
@@ -148,7 +160,10 @@ class Trainer:
             return
         saved = load_checkpoint(path)
         differences = model_differences(
-            saved, self.cfg.model.model_dump(mode="json"), {t.name: t.spec.as_dict() for t in self.tasks}
+            saved,
+            self.cfg.model.model_dump(mode="json"),
+            {t.name: t.spec.as_dict() for t in self.tasks},
+            ModelConfig().model_dump(mode="json"),
         )
         if differences:
             raise ConfigError(
@@ -264,7 +279,7 @@ class Trainer:
         latents = {n: b["z"].to(device, non_blocking=True) for n, b in batches.items() if "z" in b}
         try:
             with self.precision.autocast():
-                preds = self.forward(inputs, latents or None)
+                preds = predict(self.forward, inputs, latents)
             losses = {n: task_loss(preds[n], b["y"].to(device, non_blocking=True)) for n, b in batches.items()}
             loss = sum(self.weights[n] * v for n, v in losses.items()) / self.micro
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()

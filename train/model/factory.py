@@ -1,21 +1,129 @@
-"""The model seam: the one function that turns the tasks' specs and the model config into a module.
+"""The model seam: the one place a model is made from the tasks' specs and ``model.*`` of the config.
 
-The trainer, evaluation, the smoke test's callers and the bench all build the model here, so choosing
-another architecture changes this function and nothing that calls it. A model maps a dict of per-task
-inputs (normalised, channels last) to a dict of per-task predictions of the same layout.
+``model.name`` is a built-in architecture (transformer, fno, unet) or a factory of the user's, named
+'package.module:function' or 'path/to/file.py:function' and called as ``factory(specs, **model.args)``.
+Whatever it returns must map a dict of per-task inputs (normalised, channels last: autoregressive
+``(batch, initial_step, *grid, channels)``, steady ``(batch, *grid, channels)``) to a dict of per-task
+predictions ``(batch, *grid, out_channels)``; :func:`check_outputs` holds a model to that before training.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
+import torch
 from torch import nn
 
 from train.config import ModelConfig
+from train.errors import ConfigError
+from train.model.fno import FNO
 from train.model.multitask import MultiTaskSurrogate
 from train.model.specs import TaskSpec
+from train.model.unet import UNet
+
+Factory = Callable[..., nn.Module]
+
+
+class PerTask(nn.Module):
+    """One network per task (the built-in FNO and U-Net share nothing between tasks)."""
+
+    def __init__(self, networks: dict[str, nn.Module]):
+        super().__init__()
+        self.networks = nn.ModuleDict(networks)
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {name: self.networks[name](x) for name, x in inputs.items()}
+
+
+def _import_file(path: Path, key: str) -> object:
+    if not path.is_file():
+        raise ConfigError(f"{key}: no such file '{path}'; give the path of a .py file, e.g. examples/my_model.py:build")
+    # A name of its own per file, so two files of the same name never replace each other in sys.modules.
+    name = f"train_user_model_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise ConfigError(f"{key}: importing '{path}' failed ({type(e).__name__}: {e})") from None
+    return module
+
+
+def resolve_factory(name: str, key: str = "model.name") -> Factory:
+    """The callable ``name`` points to ('package.module:function' or 'path/to/file.py:function')."""
+    where, _, function = name.rpartition(":")
+    if not where or not function:
+        raise ConfigError(f"{key}={name!r}: write 'package.module:function' or 'path/to/file.py:function'")
+    if where.endswith(".py"):
+        module = _import_file(Path(where), key)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise ConfigError(
+                f"{key}={name!r}: module '{where}' cannot be imported ({e}); check the name, or give a file path "
+                "(path/to/file.py:function)"
+            ) from None
+    factory = getattr(module, function, None)
+    if not callable(factory):
+        raise ConfigError(f"{key}={name!r}: '{where}' has no function '{function}'")
+    return factory
 
 
 def build_model(specs: Mapping[str, TaskSpec], cfg: ModelConfig) -> nn.Module:
     """A freshly initialised model for these tasks (initialised from torch's default generator)."""
-    return MultiTaskSurrogate(dict(specs), cfg)
+    if cfg.name == "transformer":
+        return MultiTaskSurrogate(dict(specs), cfg)
+    if cfg.name == "fno":
+        return PerTask({name: FNO(spec, cfg.fno) for name, spec in specs.items()})
+    if cfg.name == "unet":
+        return PerTask({name: UNet(spec, cfg.unet) for name, spec in specs.items()})
+    factory = resolve_factory(cfg.name)
+    try:
+        model = factory(dict(specs), **cfg.args)
+    except Exception as e:
+        raise ConfigError(
+            f"model.name={cfg.name}: the factory raised {type(e).__name__}: {e} (called with the tasks' specs and "
+            f"model.args={cfg.args})"
+        ) from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model.name={cfg.name}: the factory returned a {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model
+
+
+def expected_shape(spec: TaskSpec, batch: int) -> tuple[int, ...]:
+    return (batch, *spec.grid, spec.out_channels)
+
+
+def check_outputs(
+    outputs: object, inputs: Mapping[str, torch.Tensor], specs: Mapping[str, TaskSpec], model_name: str
+) -> None:
+    """The model's outputs for ``inputs`` hold every task's prediction in the contract's shape."""
+    if not isinstance(outputs, Mapping):
+        raise ConfigError(
+            f"model.name={model_name}: forward returned a {type(outputs).__name__}; it must return a dict of "
+            "predictions by task name"
+        )
+    for name, x in inputs.items():
+        want = expected_shape(specs[name], x.shape[0])
+        if name not in outputs:
+            raise ConfigError(
+                f"model.name={model_name}: forward returned no prediction for task '{name}' (it returned "
+                f"{', '.join(map(str, outputs)) or 'none'}); expected a tensor of shape {want}"
+            )
+        got = tuple(outputs[name].shape)
+        if got != want:
+            raise ConfigError(
+                f"model.name={model_name}: task '{name}' prediction has shape {got}, expected {want} "
+                "(batch, *grid, out_channels)"
+            )

@@ -1,0 +1,97 @@
+"""The model seam through the CLI and torchrun (2 gloo ranks): a model file the package never saw, the built-in
+FNO, and bad factories stopped with exit 2 and a message that names the problem."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.helpers import REPO, folders, run_cli, startup_s
+
+pytestmark = pytest.mark.integration
+
+TINY = ["--config", "configs/tiny.yaml"]
+
+
+def summary(tmp, run="tiny") -> dict:
+    return json.loads((tmp / "runs" / run / "report" / "summary.json").read_text())
+
+
+def test_a_model_file_outside_the_package_trains_from_a_config_line(tmp_path):
+    elsewhere = tmp_path / "lab" / "convnet.py"
+    elsewhere.parent.mkdir()
+    shutil.copy(REPO / "examples" / "my_model.py", elsewhere)
+    proc = run_cli(
+        "run", *TINY, *folders(tmp_path), "--set", f"model.name={elsewhere}:build", "--set", "model.args.width=12",
+        timeout=120 * startup_s(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for task, scores in summary(tmp_path).items():
+        assert scores["nrmse"] < scores["baseline_nrmse"] * 5, (task, scores)  # trained, and evaluated by rollout
+    saved = (tmp_path / "runs" / "tiny" / "config.yaml").read_text()
+    assert f"{elsewhere}:build" in saved and "width: 12" in saved
+
+
+def test_fno_trains_and_a_resume_with_another_model_is_refused(tmp_path):
+    proc = run_cli("run", *TINY, *folders(tmp_path), "--set", "model.name=fno", timeout=120 * startup_s())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(summary(tmp_path)) == {"advection1d", "darcy2d"}
+    again = run_cli(
+        "fit", *TINY, *folders(tmp_path), "--set", "train.epochs=3", "--set", "run.name=tiny",
+        timeout=120 * startup_s(),
+    )  # fmt: skip
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert "model.name" in again.stderr
+
+
+def test_a_factory_that_cannot_be_imported_stops_before_the_data_stage(tmp_path):
+    proc = run_cli("run", *TINY, *folders(tmp_path), "--set", f"model.name={tmp_path}/nowhere.py:build")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"no such file '{tmp_path}/nowhere.py'" in proc.stderr
+    assert not (tmp_path / "data").exists(), "nothing may run after a bad model name"
+
+
+def test_a_prediction_of_the_wrong_shape_is_named_before_training(tmp_path):
+    model = tmp_path / "flat.py"
+    model.write_text(
+        "import torch\n"
+        "class Flat(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.w = torch.nn.Parameter(torch.zeros(1))\n"
+        "    def forward(self, inputs):\n"
+        "        return {name: x.flatten(1) * self.w for name, x in inputs.items()}\n"
+        "def build(specs):\n"
+        "    return Flat()\n"
+    )
+    proc = run_cli("run", *TINY, *folders(tmp_path), "--set", f"model.name={model}:build", timeout=120 * startup_s())
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "prediction has shape" in proc.stderr and "(batch, *grid, out_channels)" in proc.stderr
+    assert not list((tmp_path / "runs" / "tiny").glob("checkpoints/*.pt")), "no step may run"
+
+
+def test_fno_under_torch_compile_compiles_around_its_transforms_and_matches_eager(tmp_path):
+    """The spectral layers run eagerly (a graph break); the rest compiles, and the run scores as the eager one."""
+    scores = {}
+    for compiled in (False, True):
+        run = f"compiled_{compiled}".lower()
+        proc = run_cli(
+            "run", *TINY, *folders(tmp_path), "--run", run, "--set", "model.name=fno",
+            "--set", f"compile.enabled={str(compiled).lower()}", timeout=240 * startup_s(),
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        scores[compiled] = summary(tmp_path, run)
+    assert "graph(s) compiled" in proc.stderr and "compiled no graph" not in proc.stderr
+    for task in scores[False]:
+        assert scores[True][task]["nrmse"] == pytest.approx(scores[False][task]["nrmse"], rel=1e-3), task
+
+
+def test_unet_trains_through_torchrun(tmp_path):
+    proc = run_cli(
+        "run", *TINY, *folders(tmp_path), "--set", "model.name=unet", "--set", "model.unet.init_features=4",
+        timeout=120 * startup_s(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(summary(tmp_path)) == {"advection1d", "darcy2d"}

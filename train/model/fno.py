@@ -1,0 +1,98 @@
+"""Fourier neural operators after PDEBench's FNO1d and FNO2d: one network per task.
+
+Each network lifts the input (the ``initial_step`` frames' channels, or a steady input's, plus the grid
+coordinates) to ``width`` channels, applies ``layers`` spectral layers (a convolution that keeps the lowest
+``modes`` Fourier modes along each axis, plus a pointwise convolution; GELU between layers), and projects each
+point to the output channels through a hidden layer of 128. The prediction is the next frame itself (or the
+steady solution), as in PDEBench. Tasks of different dimensions share nothing.
+
+The Fourier transforms run in fp32 whatever autocast asks for: cuFFT has no bf16 transform, and fp16 ones only
+for power-of-two sizes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from train.config import FNOConfig
+from train.model.specs import TaskSpec
+
+PROJECTION_WIDTH = 128
+
+
+class SpectralConv(nn.Module):
+    """Multiplies the lowest Fourier modes of each input channel by learned complex weights, per output channel.
+
+    1D: modes 0..m-1 of the real FFT. 2D: the lowest m1 (positive) and the highest m1 (negative) frequencies
+    along the first axis, each with modes 0..m2-1 of the last axis, as in PDEBench's SpectralConv2d_fast.
+    """
+
+    def __init__(self, width: int, modes: tuple[int, ...]):
+        super().__init__()
+        self.modes = modes
+        blocks = 1 if len(modes) == 1 else 2
+        scale = 1 / (width * width)
+        # Complex weights held as (..., 2) real tensors: every optimizer and collective handles real tensors.
+        self.weights = nn.Parameter(scale * torch.rand(blocks, width, width, *modes, 2))
+
+    # Runs eagerly under torch.compile (a graph break around it): the compiled backward of complex tensors fails
+    # (torch 2.13: "must be 1 to view ComplexFloat as Float"), while the layers around it compile.
+    @torch.compiler.disable
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dims = tuple(range(2, x.dim()))
+        with torch.autocast(x.device.type, enabled=False):
+            spectrum = torch.fft.rfftn(x.float(), dim=dims)
+            w = torch.view_as_complex(self.weights.float())
+            out = torch.zeros_like(spectrum)
+            if len(self.modes) == 1:
+                (m,) = self.modes
+                out[..., :m] = torch.einsum("bix,iox->box", spectrum[..., :m], w[0])
+            else:
+                m1, m2 = self.modes
+                out[:, :, :m1, :m2] = torch.einsum("bixy,ioxy->boxy", spectrum[:, :, :m1, :m2], w[0])
+                out[:, :, -m1:, :m2] = torch.einsum("bixy,ioxy->boxy", spectrum[:, :, -m1:, :m2], w[1])
+            return torch.fft.irfftn(out, s=x.shape[2:], dim=dims)
+
+
+class FNO(nn.Module):
+    """The network of one task: (batch, [initial_step,] *grid, channels) -> (batch, *grid, out_channels)."""
+
+    def __init__(self, spec: TaskSpec, cfg: FNOConfig):
+        super().__init__()
+        if len(spec.grid) not in (1, 2):
+            raise ValueError(f"model.name=fno handles 1D and 2D grids, not {len(spec.grid)}D")
+        self.spec = spec
+        dims = len(spec.grid)
+        self.padding = cfg.padding if cfg.padding is not None else (0 if dims == 1 else 2)
+        padded = [n + self.padding for n in spec.grid]
+        # The first axis of a 2D transform is a full FFT: its positive and negative blocks must not overlap.
+        limits = [padded[-1] // 2 + 1] if dims == 1 else [padded[0] // 2, padded[1] // 2 + 1]
+        modes = tuple(min(cfg.modes, limit) for limit in limits)
+        self.lift = nn.Linear(spec.in_features + dims, cfg.width)
+        self.spectral = nn.ModuleList(SpectralConv(cfg.width, modes) for _ in range(cfg.layers))
+        conv = nn.Conv1d if dims == 1 else nn.Conv2d
+        self.pointwise = nn.ModuleList(conv(cfg.width, cfg.width, 1) for _ in range(cfg.layers))
+        self.project = nn.Sequential(
+            nn.Linear(cfg.width, PROJECTION_WIDTH), nn.GELU(), nn.Linear(PROJECTION_WIDTH, spec.out_channels)
+        )
+
+    def _coordinates(self, like: torch.Tensor) -> torch.Tensor:
+        """(batch, *grid, dims): each point's position in [0, 1] along each axis."""
+        axes = [torch.linspace(0, 1, n, device=like.device, dtype=like.dtype) for n in self.spec.grid]
+        grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)
+        return grid.expand(like.shape[0], *grid.shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.spec.autoregressive:  # (b, k, *grid, c) -> (b, *grid, k * c), frames in order
+            x = x.movedim(1, -2).flatten(-2)
+        h = self.lift(torch.cat([x, self._coordinates(x)], dim=-1)).movedim(-1, 1)
+        pad = [0, self.padding] * (h.dim() - 2)
+        h = nn.functional.pad(h, pad) if self.padding else h
+        for i, (spectral, pointwise) in enumerate(zip(self.spectral, self.pointwise, strict=True)):
+            h = spectral(h) + pointwise(h)
+            if i < len(self.spectral) - 1:
+                h = nn.functional.gelu(h)
+        if self.padding:
+            h = h[(..., *[slice(0, n) for n in self.spec.grid])]
+        return self.project(h.movedim(1, -1))

@@ -1,0 +1,77 @@
+"""U-Nets after PDEBench's UNet1d and UNet2d: one network per task.
+
+Four levels down and four up: each level two convolutions of kernel 3, each followed by batch normalisation
+and tanh; max pooling by 2 on the way down, transposed convolutions on the way up, with the encoder's features
+of the same level concatenated before each decoder block; a 1x1 convolution to the output channels. The
+first level has ``init_features`` channels, doubled at each level down. The input is the ``initial_step``
+frames stacked as channels (or the steady input); the prediction is the next frame (or the solution).
+
+The four poolings need each axis to be a multiple of 16: a grid that is not is zero-padded at its end to the
+next multiple and the prediction cropped back (PDEBench's grids need no padding).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from train.config import UNetConfig
+from train.model.specs import TaskSpec
+
+LEVELS = 4
+MULTIPLE = 2**LEVELS
+
+
+def _block(conv, norm, channels_in: int, channels_out: int) -> nn.Sequential:
+    return nn.Sequential(
+        conv(channels_in, channels_out, 3, padding=1, bias=False),
+        norm(channels_out),
+        nn.Tanh(),
+        conv(channels_out, channels_out, 3, padding=1, bias=False),
+        norm(channels_out),
+        nn.Tanh(),
+    )
+
+
+class UNet(nn.Module):
+    """The network of one task: (batch, [initial_step,] *grid, channels) -> (batch, *grid, out_channels)."""
+
+    def __init__(self, spec: TaskSpec, cfg: UNetConfig):
+        super().__init__()
+        dims = len(spec.grid)
+        if dims not in (1, 2):
+            raise ValueError(f"model.name=unet handles 1D and 2D grids, not {dims}D")
+        self.spec = spec
+        conv, norm = (nn.Conv1d, nn.BatchNorm1d) if dims == 1 else (nn.Conv2d, nn.BatchNorm2d)
+        up, pool = (nn.ConvTranspose1d, nn.MaxPool1d) if dims == 1 else (nn.ConvTranspose2d, nn.MaxPool2d)
+        widths = [cfg.init_features * 2**level for level in range(LEVELS + 1)]
+        self.encoders = nn.ModuleList()
+        channels = spec.in_features
+        for width in widths[:-1]:
+            self.encoders.append(_block(conv, norm, channels, width))
+            channels = width
+        self.pool = pool(2, 2)
+        self.bottleneck = _block(conv, norm, widths[-2], widths[-1])
+        self.ups = nn.ModuleList(up(widths[i + 1], widths[i], 2, stride=2) for i in reversed(range(LEVELS)))
+        self.decoders = nn.ModuleList(_block(conv, norm, 2 * widths[i], widths[i]) for i in reversed(range(LEVELS)))
+        self.out = conv(widths[0], spec.out_channels, 1)
+        self.padding = [-n % MULTIPLE for n in spec.grid]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.spec.autoregressive:  # (b, k, *grid, c) -> (b, *grid, k * c), frames in order
+            x = x.movedim(1, -2).flatten(-2)
+        h = x.movedim(-1, 1)
+        if any(self.padding):
+            h = nn.functional.pad(h, [p for pad in reversed(self.padding) for p in (0, pad)])
+        skips = []
+        for encoder in self.encoders:
+            h = encoder(h)
+            skips.append(h)
+            h = self.pool(h)
+        h = self.bottleneck(h)
+        for up, decoder, skip in zip(self.ups, self.decoders, reversed(skips), strict=True):
+            h = decoder(torch.cat([up(h), skip], dim=1))
+        h = self.out(h)
+        if any(self.padding):
+            h = h[(..., *[slice(0, n) for n in self.spec.grid])]
+        return h.movedim(1, -1)
