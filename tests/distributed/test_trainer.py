@@ -164,3 +164,24 @@ def test_a_compile_failure_runs_eagerly_unless_strict(tmp_path, strict):
     else:
         assert all(r["ok"] for r in results), results
         assert "torch.compile compiled no graph" in (run_dir / "logs" / "rank0.log").read_text()
+
+
+def _workers_after_fit(rank: int, run_dir, out) -> None:
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    from train.obs.sinks import MetricSinks
+
+    trainer = rank_trainer(run_dir)
+    trainer.fit(MetricSinks(None))
+    # The trainer is still referenced: its workers must be gone anyway. They ignore SIGTERM, so workers left
+    # for interpreter exit would hang it (multiprocessing terminates them, then waits forever).
+    torch.save(len(multiprocessing.active_children()), out / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_fit_stops_its_dataloader_workers_before_it_returns(tmp_path):
+    run_dir = prepare_run(tmp_path, overrides=[*SMALL, "train.num_workers=2"])
+    run_ranks(_workers_after_fit, 2, run_dir, tmp_path)
+    assert [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)] == [0, 0]

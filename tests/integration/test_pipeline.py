@@ -56,7 +56,10 @@ def test_run_writes_the_run_folder_contract(trained):
         assert {"crmse", "brmse", "max_error", "frmse_low", "frmse_mid", "frmse_high"} <= scores.keys()
     md = (run / "report" / "summary.md").read_text()
     assert "advection1d" in md and "darcy2d" in md
-    for png in ("loss.png", "field_advection1d.png", "field_darcy2d.png"):
+    growth = summary["advection1d"]["nrmse_by_step"]  # the rollout's error per predicted step; darcy2d is steady
+    assert len(growth) > 1 and len(summary["darcy2d"]["nrmse_by_step"]) == 1
+    assert sum(growth) / len(growth) == pytest.approx(summary["advection1d"]["nrmse"], rel=1e-9)
+    for png in ("loss.png", "error_growth.png", "field_advection1d.png", "field_darcy2d.png"):
         assert (run / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({png})" in md
     assert not list(tmp.rglob("*.tmp")), "temporary files left behind"
 

@@ -12,7 +12,7 @@ import torch
 
 from tests.helpers import run_ranks
 from train.distributed.collectives import all_reduce_max
-from train.engine.metrics import KEYS, SCALARS, ErrorSums, error_sums, finish, spectrum_bins
+from train.engine.metrics import KEYS, SCALARS, ErrorSums, error_sums, finish, nrmse_by_step, spectrum_bins
 
 
 def _band_means(per_bin: np.ndarray) -> list[float]:
@@ -99,6 +99,23 @@ def test_every_metric_matches_numpy(shape):
         else:
             assert got[key] == pytest.approx(ref[key], rel=1e-10), key
     assert all(math.isfinite(got[k]) for k in ("rmse", "nrmse", "crmse", "brmse", "max_error", "frmse_low"))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_nrmse_by_step_matches_numpy_and_averages_to_the_nrmse(shape):
+    pred, target = _fields(shape)
+    rmse = np.sqrt(((pred - target) ** 2).mean(axis=tuple(range(2, pred.ndim - 1))))  # (sample, time, channel)
+    scale = np.sqrt((target**2).mean(axis=tuple(range(2, pred.ndim - 1))))
+    want = (rmse / scale).mean(axis=(0, 2))
+    sums = error_sums(torch.from_numpy(pred), torch.from_numpy(target))
+    got = nrmse_by_step(sums)
+    assert got == pytest.approx(want.tolist(), rel=1e-10)
+    assert float(np.mean(got)) == pytest.approx(finish(sums)["nrmse"], rel=1e-10)
+    first, second = (
+        error_sums(*map(torch.from_numpy, (pred[:1], target[:1]))),
+        error_sums(*map(torch.from_numpy, (pred[1:], target[1:]))),
+    )
+    assert nrmse_by_step(first + second) == pytest.approx(got, rel=1e-12)  # ranks' sums add up
 
 
 def test_sums_have_the_documented_shapes():

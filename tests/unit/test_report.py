@@ -121,6 +121,28 @@ def test_report_writes_summaries_and_plots(run_dir):
     assert report_is_current(run_dir, checkpoint)
 
 
+def test_time_dependent_tasks_get_an_error_growth_plot(run_dir):
+    names = ["adv", "darcy"]
+    results = _results(names)
+    results["adv"]["nrmse_by_step"] = [0.01, 0.02, 0.05, math.nan]  # a step without a value is left out
+    results["adv"]["baseline_nrmse_by_step"] = [0.1, 0.2, 0.4, 0.8]
+    results["darcy"]["nrmse_by_step"] = [0.03]  # steady: one "step", no curve
+    write_report(run_dir, results, run_dir / "checkpoints" / "epoch_0002.pt", _data(names), {})
+    report = run_dir / "report"
+    _png_ok(report / "error_growth.png")
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["adv"]["plots"] == ["error_growth.png"] and summary["darcy"]["plots"] == []
+    assert summary["adv"]["baseline_nrmse_by_step"] == [0.1, 0.2, 0.4, 0.8]
+    assert summary["adv"]["nrmse_by_step"] == [0.01, 0.02, 0.05, None]  # strict JSON, no NaN
+    assert "![error growth](error_growth.png)" in (report / "summary.md").read_text()
+
+
+def test_no_time_dependent_task_no_error_growth_plot(run_dir):
+    write_report(run_dir, _results(["darcy"]), run_dir / "checkpoints" / "epoch_0002.pt", _data(["darcy"]), {})
+    assert not (run_dir / "report" / "error_growth.png").exists()
+    assert "error growth" not in (run_dir / "report" / "summary.md").read_text()
+
+
 def test_missing_metrics_file_gives_no_loss_plot_and_no_broken_link(run_dir):
     names = ["adv"]
     checkpoint = run_dir / "checkpoints" / "epoch_0002.pt"

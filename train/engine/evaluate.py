@@ -18,7 +18,7 @@ from train.data.dataset import training_dataset
 from train.distributed.collectives import all_reduce_sum
 from train.distributed.env import DistEnv
 from train.engine.loss import task_loss
-from train.engine.metrics import ErrorSums, error_sums, finish
+from train.engine.metrics import ErrorSums, error_sums, finish, nrmse_by_step
 from train.errors import DataError
 from train.model.specs import TaskData
 
@@ -48,7 +48,8 @@ def evaluate_split(
     model: nn.Module, tasks: list[TaskData], env: DistEnv, split: str, batch_size: int
 ) -> dict[str, dict[str, float]]:
     """Every PDEBench metric (metrics.KEYS) of the model and, as ``baseline_<metric>``, of the trivial
-    baseline, plus ``n_samples``, per task, over all ranks (the same numbers on every rank)."""
+    baseline, plus ``n_samples`` and ``nrmse_by_step`` (and the baseline's: the nRMSE of each predicted step),
+    per task, over all ranks (the same numbers on every rank)."""
     was_training = model.training
     model.eval()
     results = {}
@@ -73,12 +74,14 @@ def evaluate_split(
                 pred = task.denormalise_target(model({task.name: x})[task.name])[:, None]
                 sums += error_sums(pred, target)
                 base += error_sums(mean_field.expand_as(target), target)
-        model_scores = finish(sums.all_reduce())
-        base_scores = finish(base.all_reduce())
+        sums, base = sums.all_reduce(), base.all_reduce()
+        model_scores, base_scores = finish(sums), finish(base)
         results[task.name] = {
             **model_scores,
             **{f"baseline_{key}": value for key, value in base_scores.items()},
             "n_samples": task.info.sizes[split],
+            "nrmse_by_step": nrmse_by_step(sums),
+            "baseline_nrmse_by_step": nrmse_by_step(base),
         }
     model.train(was_training)
     return results

@@ -45,12 +45,16 @@ class ErrorSums:
     """(time, channel, bins): sum over samples of the binned |FFT(p - y)|^2 / N^2, fRMSE before the root."""
     max_abs: torch.Tensor
     """(time, channel): max over samples and space of |p - y|."""
+    nrmse_by_time: torch.Tensor
+    """(time,): sum over samples and channels of the per-term nRMSE, the error's growth over a rollout."""
 
     @classmethod
     def zeros(cls, time: int, space: tuple[int, ...], channels: int) -> ErrorSums:
         """Nothing scored yet; a rank whose shard is empty still takes part in the reductions with these."""
         z = functools.partial(torch.zeros, dtype=torch.float64)
-        return cls(z(len(SCALARS)), z(time, channels), z(time, channels, spectrum_bins(space)), z(time, channels))
+        return cls(
+            z(len(SCALARS)), z(time, channels), z(time, channels, spectrum_bins(space)), z(time, channels), z(time)
+        )
 
     def __add__(self, other: ErrorSums) -> ErrorSums:
         return ErrorSums(
@@ -58,15 +62,18 @@ class ErrorSums:
             self.conservation + other.conservation,
             self.spectrum + other.spectrum,
             torch.maximum(self.max_abs, other.max_abs),
+            self.nrmse_by_time + other.nrmse_by_time,
         )
 
     def all_reduce(self) -> ErrorSums:
         """Sums summed and maxima maximised over ranks (one collective each); identical on every rank."""
-        parts = (self.scalars, self.conservation, self.spectrum)
+        parts = (self.scalars, self.conservation, self.spectrum, self.nrmse_by_time)
         flat = all_reduce_sum(torch.cat([p.flatten() for p in parts]))
         sizes = [p.numel() for p in parts]
-        reduced = [f.view(p.shape) for f, p in zip(flat.split(sizes), parts, strict=True)]
-        return ErrorSums(*reduced, all_reduce_max(self.max_abs))
+        scalars, conservation, spectrum, by_time = (
+            f.view(p.shape) for f, p in zip(flat.split(sizes), parts, strict=True)
+        )
+        return ErrorSums(scalars, conservation, spectrum, all_reduce_max(self.max_abs), by_time)
 
 
 def spectrum_bins(space: tuple[int, ...]) -> int:
@@ -136,11 +143,12 @@ def error_sums(pred: torch.Tensor, target: torch.Tensor) -> ErrorSums:
     err = pred - target
     rmse = err.square().mean(space).sqrt()
     scale = target.square().mean(space).sqrt().clamp_min(torch.finfo(torch.float64).tiny)
+    nrmse = rmse / scale  # (sample, time, channel)
     brmse = _boundary_square_mean(err).sqrt()
     scalars = torch.stack(
         [
             rmse.sum(),
-            (rmse / scale).sum(),
+            nrmse.sum(),
             brmse.sum(),
             torch.tensor(float(rmse.numel()), dtype=torch.float64, device=err.device),
             torch.tensor(float(len(err)), dtype=torch.float64, device=err.device),
@@ -148,7 +156,8 @@ def error_sums(pred: torch.Tensor, target: torch.Tensor) -> ErrorSums:
     )
     conservation = err.mean(space).square().sum(0)
     max_abs = err.abs().amax((0, *space))
-    return ErrorSums(scalars.cpu(), conservation.cpu(), _spectrum(err).cpu(), max_abs.cpu())
+    by_time = nrmse.sum((0, 2))
+    return ErrorSums(scalars.cpu(), conservation.cpu(), _spectrum(err).cpu(), max_abs.cpu(), by_time.cpu())
 
 
 def finish(sums: ErrorSums) -> dict[str, float]:
@@ -164,3 +173,12 @@ def finish(sums: ErrorSums) -> dict[str, float]:
         band = per_bin[..., lo:hi]
         out[key] = float(band.mean()) if band.shape[-1] else float("nan")
     return {k: out[k] for k in KEYS}
+
+
+def nrmse_by_step(sums: ErrorSums) -> list[float]:
+    """Reduced sums -> nRMSE of each predicted step (averaged over samples and channels): how the error grows
+    over a rollout. Its mean over the steps is the nRMSE."""
+    samples = float(sums.scalars[SCALARS.index("samples")])
+    if samples == 0:
+        return [float("nan")] * len(sums.nrmse_by_time)
+    return (sums.nrmse_by_time / (samples * sums.conservation.shape[1])).tolist()

@@ -215,9 +215,22 @@ class Trainer:
         self.model.train()
         total = self.steps * cfg.train.epochs
         bar = Progress(total, s.global_step, "train", enabled=env.is_main, live=live_console)
-        with StopRequest(env.device) as stop, bar:
-            while not s.done(cfg.train.epochs):
-                self._epoch(stop, sinks, bar)
+        try:
+            with StopRequest(env.device) as stop, bar:
+                while not s.done(cfg.train.epochs):
+                    self._epoch(stop, sinks, bar)
+        finally:
+            self.stop_workers()
+
+    def stop_workers(self) -> None:
+        """Shut the DataLoader workers down now, whatever holds on to this trainer. They ignore SIGTERM (a stop
+        is the rank's to handle), so workers still alive at interpreter exit would hang it: multiprocessing's
+        exit handler terminates them with SIGTERM and waits for them forever."""
+        for loader in self.loaders.values():
+            iterator = getattr(loader, "_iterator", None)  # a persistent workers' iterator
+            if iterator is not None:
+                iterator._shutdown_workers()
+                loader._iterator = None
 
     def _epoch(self, stop: StopRequest, sinks: MetricSinks, bar: Progress) -> None:
         cfg, s = self.cfg, self.state

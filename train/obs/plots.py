@@ -1,4 +1,5 @@
-"""The report's figures: loss curves from metrics.jsonl and true/predicted/error fields of one test sample.
+"""The report's figures: loss curves from metrics.jsonl, the error's growth over a rollout, and true/predicted/
+error fields of one test sample.
 
 matplotlib is imported inside the functions (importing it costs about a second) and drives a Figure on
 its own Agg canvas, never pyplot: no global backend is switched and no GUI is ever needed.
@@ -77,6 +78,32 @@ def loss_curves(metrics_path: Path, png: Path) -> bool:
     ax.set_title("Training and validation loss per task")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
+    _save(fig, png)
+    return True
+
+
+def rollout_tasks(results: dict[str, dict]) -> list[str]:
+    """The tasks whose results hold an error curve over more than one predicted step."""
+    return [name for name, r in results.items() if len(r.get("nrmse_by_step") or []) > 1]
+
+
+def error_growth(results: dict[str, dict], png: Path) -> bool:
+    """nRMSE of each predicted step of the rollout, model and baseline, one panel per time-dependent task, log
+    scale. Returns False, writing nothing, when no task rolls out over more than one step."""
+    names = rollout_tasks(results)
+    if not names:
+        return False
+    fig = _new_figure(4.2 * len(names), 3.2)
+    for ax, name in zip(fig.subplots(1, len(names), squeeze=False)[0], names, strict=True):
+        for key, label, style in (("nrmse_by_step", "model", "-"), ("baseline_nrmse_by_step", "baseline", "--")):
+            curve = [(i + 1, v) for i, v in enumerate(results[name].get(key) or []) if _plottable(v)]
+            if curve:
+                ax.plot(*zip(*curve, strict=True), style, label=label)
+        ax.set_yscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("predicted step")
+        ax.set_ylabel("nRMSE")
+        ax.legend()
     _save(fig, png)
     return True
 

@@ -16,6 +16,7 @@ from train.obs import plots
 log = logging.getLogger(__name__)
 
 LOSS_PNG = "loss.png"
+GROWTH_PNG = "error_growth.png"
 # Every metric evaluation computes (train.engine.metrics.KEYS), as a column heading.
 HEADINGS = {
     "nrmse": "nRMSE",
@@ -45,11 +46,18 @@ def write_report(
     carved or not); ``examples``: per task, evaluate.example_prediction's fields (a task may be absent)."""
     report = run_dir / "report"
     loss = _plot(plots.loss_curves, run_dir / "metrics.jsonl", report / LOSS_PNG)
+    growth = _plot(plots.error_growth, results, report / GROWTH_PNG)
+    rollouts = plots.rollout_tasks(results) if growth else []
     task_plots = {}
     for name in results:
         made = name in examples and _plot(plots.field_comparison, examples[name], name, report / field_png(name))
-        task_plots[name] = ([LOSS_PNG] if loss else []) + ([field_png(name)] if made else [])
-    write_text_atomic(report / "summary.md", _markdown(run_dir, results, checkpoint, data, split, loss, task_plots))
+        task_plots[name] = (
+            ([LOSS_PNG] if loss else [])
+            + ([GROWTH_PNG] if name in rollouts else [])
+            + ([field_png(name)] if made else [])
+        )
+    markdown = _markdown(run_dir, results, checkpoint, data, split, loss, growth, task_plots)
+    write_text_atomic(report / "summary.md", markdown)
     # summary.json last: report_is_current takes its time as the report's.
     summary = {name: {**_strict(r), "data": data[name], "plots": task_plots[name]} for name, r in results.items()}
     write_json_atomic(report / "summary.json", summary)
@@ -68,16 +76,22 @@ def _plot(function, *args) -> bool:
     return made
 
 
-def _strict(scores: dict[str, float]) -> dict[str, float | None]:
+def _finite(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _strict(scores: dict) -> dict:
     # JSON has no NaN: a metric with nothing to measure (an empty band, an empty split) is null.
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in scores.items()}
+    return {k: [_finite(x) for x in v] if isinstance(v, list) else _finite(v) for k, v in scores.items()}
 
 
 def _fmt(value) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4g}"
 
 
-def _markdown(run_dir, results, checkpoint, data, split, loss: bool, task_plots: dict[str, list[str]]) -> str:
+def _markdown(
+    run_dir, results, checkpoint, data, split, loss: bool, growth: bool, task_plots: dict[str, list[str]]
+) -> str:
     lines = [
         f"# Run `{run_dir.name}`: {split} metrics",
         "",
@@ -109,6 +123,13 @@ def _markdown(run_dir, results, checkpoint, data, split, loss: bool, task_plots:
         lines += [f"![loss curves]({LOSS_PNG})", ""]
     else:
         lines += ["No loss curves: the run's metrics.jsonl is missing or holds no per-task loss.", ""]
+    if growth:
+        lines += [
+            "### Error growth over the rollout (nRMSE of each predicted step)",
+            "",
+            f"![error growth]({GROWTH_PNG})",
+            "",
+        ]
     for name, names in task_plots.items():
         if field_png(name) in names:
             lines += [f"### {name}, {split} sample 0", "", f"![{name}]({field_png(name)})", ""]
