@@ -68,9 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         tasks = run.load_tasks(cfg)
         stages = args.stages.split(",")
         if "fit" in stages:
-            trainer = Trainer(cfg, env, tasks, run)
-            trainer.fit(
-                metrics, launched_at=launch and launch.started_at, live_console=bool(launch and launch.live_console)
+            # No reference kept: DDP's reducer must be freed while the process group lives (freed after it, the
+            # last reference to a gloo group joins gloo's threads while holding the GIL they wait for).
+            Trainer(cfg, env, tasks, run).fit(
+                metrics,
+                launched_at=launch.started_at if launch else None,
+                live_console=bool(launch and launch.live_console),
             )
         if "evaluate" in stages:
             evaluate(cfg, env, tasks, run)

@@ -60,6 +60,9 @@ def _ddp_rank(rank: int, out: Path) -> None:
         _loss(model, half, half_y).backward()
         grads = {n: p.grad.clone() for n, p in model.module.named_parameters()}
         torch.save(grads, out / f"grads{rank}.pt")
+        # DDP's reducer goes before the group: freed after it, the last reference to the gloo group would join
+        # gloo's threads while holding the GIL they wait for (a teardown deadlock seen in CI).
+        del model
     finally:
         destroy_distributed()
 
@@ -111,6 +114,7 @@ def _built_in_rank(rank: int, out: Path, name: str) -> None:
         half_y = {k: v.chunk(2)[rank] for k, v in y.items()}
         _loss(model, half, half_y).backward()
         torch.save({n: p.grad.clone() for n, p in model.module.named_parameters()}, out / f"grads{rank}.pt")
+        del model  # before the group: see _ddp_rank
     finally:
         destroy_distributed()
 
