@@ -118,6 +118,7 @@ def init_distributed(env: DistEnv, timeout_s: int, fallback: bool = False) -> Di
             world_size=env.world_size,
             timeout=timeout,
             device_id=env.device if env.device.type == "cuda" else None,
+            **_attempt_store(env, timeout),
         )
     except Exception as e:  # every init failure gets the same actionable wrapper
         if env.backend == "nccl" and fallback:
@@ -129,6 +130,17 @@ def init_distributed(env: DistEnv, timeout_s: int, fallback: bool = False) -> Di
             f"world size {env.world_size}) failed within {timeout_s}s: {e}"
         ) from e
     return env
+
+
+def _attempt_store(env: DistEnv, timeout: datetime.timedelta) -> dict:
+    """Under torchrun, the store with a key prefix of this restart attempt's own. The agent's store lives across
+    restarts on one port; a restarted rank that read a peer address the previous attempt left there would
+    connect to a dead port ("Connection refused", seen after a SIGKILL restart) and fail the attempt."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return {}
+    store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=timeout))
+    return {"store": dist.PrefixStore(f"train/attempt_{attempt}", store)}
 
 
 def _init_gloo_after_nccl_failure(env: DistEnv, timeout: datetime.timedelta) -> DistEnv:
