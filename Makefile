@@ -70,7 +70,7 @@ smoke-test: install ## Collectives, 5 DDP steps vs one process, checkpoint round
 slurm: install ## Render an sbatch file from CONFIG's slurm section (SET="slurm.nodes=2 ..."; OUT=file)
 	$(call checked,$(BIN)/python -m train slurm --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)))
 
-bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer); BENCH_ARGS="trainer --strict"
+bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models); BENCH_ARGS="models"
 	$(call checked,$(BIN)/python -m train.bench $(BENCH_ARGS))
 
 test: install ## The whole test suite (unit, distributed, integration)

@@ -144,13 +144,20 @@ def resume_source(policy: str, folder: Path) -> Path | None:
 
 
 def model_differences(
-    saved: dict[str, Any], model_cfg: dict[str, Any], specs: dict[str, dict], defaults: dict[str, Any] | None = None
+    saved: dict[str, Any],
+    model_cfg: dict[str, Any],
+    specs: dict[str, dict],
+    defaults: dict[str, Any] | None = None,
+    keys: tuple[str, ...] | None = None,
 ) -> list[str]:
     """Keys under which a checkpoint's model (its model config and task shapes) differs from this run's.
-    ``defaults``: the values of model keys that a checkpoint written before they existed does not record."""
+    ``defaults``: the values of model keys that a checkpoint written before they existed does not record;
+    ``keys``: the model keys compared (default: all), e.g. only those the run's model.name is built from."""
     differences = []
     saved_model = {**(defaults or {}), **saved.get(CONFIG, {}).get("model", {})}
     for key in sorted(set(saved_model) | set(model_cfg)):
+        if keys is not None and key not in keys:
+            continue
         if saved_model.get(key) != model_cfg.get(key):
             differences.append(f"model.{key} ({saved_model.get(key)!r} there, {model_cfg.get(key)!r} here)")
     saved_specs = saved.get(SPECS, {})

@@ -83,8 +83,8 @@ class FNOConfig(Section):
 
     modes: int = Field(12, ge=1)
     """Fourier modes kept along each spatial axis (capped at what the grid holds)."""
-    width: int = Field(32, ge=1)
-    """Channels of the spectral layers."""
+    width: int = Field(20, ge=1)
+    """Channels of the spectral layers (PDEBench's 20)."""
     layers: int = Field(4, ge=1)
     """Spectral layers (each a spectral convolution plus a pointwise one)."""
     padding: int | None = Field(None, ge=0)
@@ -100,6 +100,17 @@ class UNetConfig(Section):
 
 
 BUILT_IN_MODELS = ("transformer", "fno", "unet")
+# The model keys each architecture reads (a factory of your own: model.args); the others change nothing.
+_ARCHITECTURE_KEYS = {
+    "transformer": ("d_model", "n_heads", "n_layers", "mlp_ratio", "dropout"),
+    "fno": ("fno",),
+    "unet": ("unet",),
+}
+
+
+def model_keys_in_use(name: str) -> tuple[str, ...]:
+    """The keys under ``model`` that model.name=``name`` is built from."""
+    return ("name", *_ARCHITECTURE_KEYS.get(name, ("args",)))
 
 
 class ModelConfig(Section):
@@ -165,11 +176,23 @@ class TrainConfig(Section):
     step."""
     val_every: int | None = Field(None, ge=1)
     """Validate every n optimizer steps (on every rank's shard, reduced); default: at the end of each epoch."""
+    objective: Literal["one_step", "pushforward", "unrolled"] = "one_step"
+    """How time-dependent tasks are trained (steady ones always predict their one output): 'one_step' predicts
+    the next frame from true frames; 'pushforward' first rolls out a number of steps drawn from
+    0..rollout_steps-1 without gradient, then trains one step from its own predictions (robust rollouts at
+    about one step's cost); 'unrolled' backpropagates through rollout_steps predicted frames."""
+    rollout_steps: int = Field(4, ge=2)
+    """Frames predicted from one training window by pushforward (the most steps rolled out without gradient,
+    plus one) and unrolled (the steps backpropagated through); one_step does not use it."""
+    val_metric: Literal["rollout_nrmse", "loss"] = "rollout_nrmse"
+    """What validation scores, and best.pt and early stopping follow: 'rollout_nrmse', the nRMSE of the whole
+    autoregressive rollout on the val split (the test metric: a low one-step loss can still roll out badly);
+    'loss', the one-step training loss. Both are logged. Tasks are weighed by loss_weight."""
     early_stop_patience: int | None = Field(None, ge=1)
-    """Stop after this many validations in a row without improvement of the summed validation loss; every
-    rank stops at the same step. Default: never stop early."""
+    """Stop after this many validations in a row without improvement of the validation score (val_metric);
+    every rank stops at the same step. Default: never stop early."""
     early_stop_min_delta: float = Field(0.0, ge=0)
-    """A validation loss counts as an improvement only when it is below the best by more than this."""
+    """A validation score counts as an improvement only when it is below the best by more than this."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """What a NaN/Inf gradient does (detected after the all-reduce, so every rank agrees): 'stop' exits with
     an error and keeps the last good checkpoint; 'skip' drops that step's update."""
@@ -293,6 +316,12 @@ class Config(Section):
             raise ValueError(
                 f"tasks.{latent[0]}.latent_encoder needs model.name=transformer (the frozen encoder is the "
                 f"transformer's patch encoder); model.name={name} cannot use it: remove latent_encoder"
+            )
+        if latent and self.train.objective != "one_step":
+            raise ValueError(
+                f"tasks.{latent[0]}.latent_encoder holds the encoder's tokens of true input frames, but "
+                f"train.objective={self.train.objective} feeds the model its own predictions: use "
+                "train.objective=one_step, or remove latent_encoder"
             )
         if self.model.d_model % self.model.n_heads:
             raise ValueError(
@@ -481,5 +510,8 @@ _RUNTIME_ONLY = (
 def training_differences(a: Config, b: Config) -> list[str]:
     """Keys whose values differ between two configs, ignoring settings that do not affect training."""
     fa, fb = _flatten(a.model_dump(mode="json")), _flatten(b.model_dump(mode="json"))
+    unused = tuple(
+        f"model.{key}" for key in ModelConfig.model_fields if key not in model_keys_in_use(b.model.name)
+    )  # a model's settings are differences only under their model.name (a changed name always is one)
     keys = sorted(set(fa) | set(fb))
-    return [k for k in keys if not k.startswith(_RUNTIME_ONLY) and fa.get(k) != fb.get(k)]
+    return [k for k in keys if not k.startswith(_RUNTIME_ONLY + unused) and fa.get(k) != fb.get(k)]

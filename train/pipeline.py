@@ -11,8 +11,9 @@ from pathlib import Path
 
 from train.checkpoint import archive_checkpoints, latest_checkpoint
 from train.config import BUILT_IN_MODELS, Config
-from train.data.cache import CacheInfo, build_cache, building_caches
+from train.data.cache import CacheInfo, build_cache, building_caches, write_window_index
 from train.data.sources import SplitFiles, stage_data
+from train.engine.objective import target_frames
 from train.errors import ConfigError
 from train.launch.doctor import check_shm_at_launch, doctor
 from train.launch.session import LaunchSession, launch_session
@@ -36,11 +37,21 @@ def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, dict[s
     problems, specs = [], {}
     for name, info in infos.items():
         task = cfg.tasks[name]
+        horizon = target_frames(cfg.train)
         if info.autoregressive and task.initial_step >= info.n_frames:
             problems.append(
                 f"tasks.{name}.initial_step={task.initial_step} leaves nothing to predict: the data has "
                 f"{info.n_frames} frames after temporal_stride={task.temporal_stride}"
             )
+        elif info.autoregressive and task.initial_step + horizon > info.n_frames:
+            problems.append(
+                f"train.objective={cfg.train.objective} with train.rollout_steps={horizon} needs "
+                f"tasks.{name}.initial_step + rollout_steps <= {info.n_frames} (the frames of its data after "
+                f"temporal_stride={task.temporal_stride}): lower train.rollout_steps or initial_step"
+            )
+        elif info.autoregressive and horizon > 1:
+            with building_caches(root):  # the ranks only read it
+                write_window_index(info, task.initial_step, horizon)
         specs[name] = task_spec(info, task)
         if cfg.model.name == "transformer":  # patches must tile the grid
             problems += check_specs({name: specs[name]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import signal
 
@@ -33,6 +34,8 @@ def _gradients_of_one_step(rank: int, run_dir, out) -> None:
     micro_steps = trainer.steps * trainer.micro
     trainer.train_step(EpochStreams(trainer.loaders, trainer.samplers, 0, 0, micro_steps, None))
     torch.save(captured, out / f"grads{rank}.pt")
+    del trainer, step  # before the group (see _fit)
+    gc.collect()
     dist.destroy_process_group()
 
 
@@ -77,6 +80,7 @@ def _fit(rank: int, run_dir, force_find_unused: bool | None, out) -> None:
     if force_find_unused is not None:
         wrap = trainer_module.wrap_ddp
         trainer_module.wrap_ddp = lambda model, env, find_unused: wrap(model, env, force_find_unused)
+    trainer = None
     try:
         trainer = rank_trainer(run_dir)
         trainer.fit(MetricSinks(None))
@@ -84,6 +88,10 @@ def _fit(rank: int, run_dir, force_find_unused: bool | None, out) -> None:
     except TrainError as e:
         result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     torch.save(result, out / f"rank{rank}.pt")
+    # DDP goes before the group: freed after it, the last reference to a gloo group joins gloo's threads
+    # while holding the GIL they wait for (a rank then never exits).
+    del trainer
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -178,6 +186,8 @@ def _workers_after_fit(rank: int, run_dir, out) -> None:
     # The trainer is still referenced: its workers must be gone anyway. They ignore SIGTERM, so workers left
     # for interpreter exit would hang it (multiprocessing terminates them, then waits forever).
     torch.save(len(multiprocessing.active_children()), out / f"rank{rank}.pt")
+    del trainer  # before the group (see _fit)
+    gc.collect()
     dist.destroy_process_group()
 
 
@@ -185,3 +195,40 @@ def test_fit_stops_its_dataloader_workers_before_it_returns(tmp_path):
     run_dir = prepare_run(tmp_path, overrides=[*SMALL, "train.num_workers=2"])
     run_ranks(_workers_after_fit, 2, run_dir, tmp_path)
     assert [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)] == [0, 0]
+
+
+def _fit_weights(rank: int, run_dir, out) -> None:
+    import torch.distributed as dist
+
+    from train.obs.sinks import MetricSinks
+
+    trainer = rank_trainer(run_dir)
+    trainer.fit(MetricSinks(None))
+    torch.save({k: v.clone() for k, v in trainer.model.state_dict().items()}, out / f"rank{rank}.pt")
+    del trainer  # before the group (see _fit)
+    gc.collect()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("objective", ["pushforward", "unrolled"])
+def test_rollout_objectives_resume_mid_epoch_bitwise(tmp_path, objective):
+    """A run of 2 epochs x 3 steps, and a second run started from the first one's checkpoint at step 2 (mid
+    epoch), end with bitwise equal weights: the steps rolled out are drawn from the step's seed."""
+    common = [f"train.objective={objective}", "train.rollout_steps=3", "train.steps_per_epoch=3", "train.epochs=2",
+              "model.dropout=0.1"]  # fmt: skip
+    first = prepare_run(tmp_path, overrides=[*common, "train.checkpoint_every=2", "train.keep_checkpoints=5"])
+    run_ranks(_fit_weights, 2, first, tmp_path)
+    straight = torch.load(tmp_path / "rank0.pt")
+    checkpoint = first / "checkpoints" / "step_00000002.pt"
+    assert checkpoint.is_file(), sorted(p.name for p in (first / "checkpoints").iterdir())
+    resumed_dir = prepare_run(tmp_path, overrides=[*common, f"train.resume={checkpoint}"], name="resumed")
+    run_ranks(_fit_weights, 2, resumed_dir, tmp_path)
+    resumed = torch.load(tmp_path / "rank0.pt")
+    assert "resumed from" in (resumed_dir / "logs" / "rank0.log").read_text()
+    assert straight.keys() == resumed.keys()
+    assert [k for k in straight if not torch.equal(straight[k], resumed[k])] == []
+    # The objective changes what is trained: one-step training from the same start ends elsewhere.
+    one_step = prepare_run(tmp_path, overrides=[*common[2:], "train.checkpoint_every=2"], name="one_step")
+    run_ranks(_fit_weights, 2, one_step, tmp_path)
+    other = torch.load(tmp_path / "rank0.pt")
+    assert any(not torch.equal(straight[k], other[k]) for k in straight)

@@ -45,13 +45,18 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return state["model"]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
-    """The uninterrupted run."""
+# The default objective, and one whose steps draw how far they roll out: both must replay exactly.
+OBJECTIVES = {"one_step": [], "pushforward": ["--set", "train.objective=pushforward", "--set", "train.rollout_steps=3"]}
+
+
+@pytest.fixture(scope="module", params=list(OBJECTIVES))
+def reference(request, tmp_path_factory) -> tuple[list[str], dict[str, torch.Tensor]]:
+    """The uninterrupted run of an objective: its extra arguments and final weights."""
+    extra = OBJECTIVES[request.param]
     tmp = tmp_path_factory.mktemp("reference")
-    proc = run_cli(*fit_argv(tmp, "reference"))
+    proc = run_cli(*fit_argv(tmp, "reference", *extra))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return final_weights(tmp / "runs" / "reference")
+    return extra, final_weights(tmp / "runs" / "reference")
 
 
 def assert_bitwise_equal(weights: dict, reference: dict) -> None:
@@ -98,7 +103,7 @@ def test_a_rank_killed_at_a_random_step_restarts_the_group_and_ends_bitwise_equa
     print(f"SIGKILL to rank 1 at step {at}")
     # Seen with torch 2.13: a restarted gloo group can hang while its ranks connect (both in
     # Pair::waitUntilConnected). A short timeout turns that into one more restart instead of a 5-minute wait.
-    proc = start(tmp_path, "killed", "--set", "dist.max_restarts=3", "--set", "dist.timeout_s=30")
+    proc = start(tmp_path, "killed", *reference[0], "--set", "dist.max_restarts=3", "--set", "dist.timeout_s=30")
     run_dir = tmp_path / "runs" / "killed"
     seen = wait_for_step(proc, run_dir / "metrics.jsonl", at)
     os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
@@ -106,14 +111,14 @@ def test_a_rank_killed_at_a_random_step_restarts_the_group_and_ends_bitwise_equa
     assert proc.returncode == 0, err[-4000:]
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "resumed from" in log, f"no restart happened (killed after step {seen})"
-    assert_bitwise_equal(final_weights(run_dir), reference)
+    assert_bitwise_equal(final_weights(run_dir), reference[1])
 
 
 def test_sigterm_to_the_whole_job_checkpoints_exits_75_and_the_rerun_ends_bitwise_equal(tmp_path, reference):
     at = random.Random().randrange(15, 130)
     print(f"SIGTERM to the job at step {at}")
     # DataLoader workers get the signal too: they must ignore it and leave stopping to their rank.
-    proc = start(tmp_path, "preempted", "--set", "train.num_workers=1")
+    proc = start(tmp_path, "preempted", *reference[0], "--set", "train.num_workers=1")
     run_dir = tmp_path / "runs" / "preempted"
     wait_for_step(proc, run_dir / "metrics.jsonl", at)
     os.killpg(proc.pid, signal.SIGTERM)
@@ -128,10 +133,10 @@ def test_sigterm_to_the_whole_job_checkpoints_exits_75_and_the_rerun_ends_bitwis
         text = (run_dir / "logs" / f"rank{rank}.log").read_text()
         assert f"stopping at global step {marker['global_step']} and saving a checkpoint" in text
 
-    again = run_cli(*fit_argv(tmp_path, "preempted"))
+    again = run_cli(*fit_argv(tmp_path, "preempted", *reference[0]))
     assert again.returncode == 0, again.stderr[-4000:]
     assert f"resumed from {run_dir / 'checkpoints' / checkpoint_name(marker['global_step'])}" in again.stderr
-    assert_bitwise_equal(final_weights(run_dir), reference)
+    assert_bitwise_equal(final_weights(run_dir), reference[1])
 
 
 DIVERGING = ["--set", "train.lr=1e4", "--set", "train.grad_clip=0", "--set", "train.warmup_steps=0",

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from tests.helpers import REPO, folders, run_cli, startup_s
+from train.checkpoint import BEST, load_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -73,12 +74,14 @@ def test_a_prediction_of_the_wrong_shape_is_named_before_training(tmp_path):
 
 
 def test_fno_under_torch_compile_compiles_around_its_transforms_and_matches_eager(tmp_path):
-    """The spectral layers run eagerly (a graph break); the rest compiles, and the run scores as the eager one."""
+    """The spectral layers run eagerly (a graph break); the rest compiles, and the run scores as the eager one.
+    Trained by pushforward: the compiled DDP model is the whole rollout, with a step count that varies."""
     scores = {}
     for compiled in (False, True):
         run = f"compiled_{compiled}".lower()
         proc = run_cli(
             "run", *TINY, *folders(tmp_path), "--run", run, "--set", "model.name=fno",
+            "--set", "train.objective=pushforward", "--set", "train.rollout_steps=3",
             "--set", f"compile.enabled={str(compiled).lower()}", timeout=240 * startup_s(),
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -88,10 +91,26 @@ def test_fno_under_torch_compile_compiles_around_its_transforms_and_matches_eage
         assert scores[True][task]["nrmse"] == pytest.approx(scores[False][task]["nrmse"], rel=1e-3), task
 
 
-def test_unet_trains_through_torchrun(tmp_path):
+def test_unet_trains_unrolled_through_torchrun_and_validates_by_rollout(tmp_path):
     proc = run_cli(
         "run", *TINY, *folders(tmp_path), "--set", "model.name=unet", "--set", "model.unet.init_features=4",
-        timeout=120 * startup_s(),
+        "--set", "train.objective=unrolled", "--set", "train.rollout_steps=3", timeout=120 * startup_s(),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert set(summary(tmp_path)) == {"advection1d", "darcy2d"}
+    records = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    validations = [r for r in records if "val_nrmse" in r]
+    assert len(validations) == 2  # one per epoch
+    for r in validations:
+        assert r["val_nrmse"] == pytest.approx((r["val_nrmse/advection1d"] + r["val_nrmse/darcy2d"]) / 2)
+    best = min(validations, key=lambda r: r["val_nrmse"])["step"]  # best.pt follows the rollout nRMSE
+    assert load_checkpoint(tmp_path / "runs" / "tiny" / "checkpoints" / BEST)["progress"]["global_step"] == best
+    assert list((tmp_path / "cache").glob("advection1d/*/train_windows_k4_h3.npy"))
+
+
+def test_a_rollout_longer_than_the_data_is_a_config_error_naming_the_settings(tmp_path):
+    proc = run_cli(
+        "run", *TINY, *folders(tmp_path), "--set", "train.objective=unrolled", "--set", "train.rollout_steps=30"
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "train.rollout_steps=30 needs tasks.advection1d.initial_step + rollout_steps <= 21" in proc.stderr

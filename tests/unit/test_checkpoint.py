@@ -324,3 +324,5 @@ def test_model_differences_name_every_differing_key(repo):
         "tasks.extra",
     ]
     assert "(4 there, 8 here)" in found[2]
+    # Compared under the keys a model is built from only: the transformer's width is no FNO's business.
+    assert model_differences(state, model, state["specs"], keys=("name", "fno")) == []

@@ -19,6 +19,7 @@ from train.config import (
     UNetConfig,
     apply_override,
     load_config,
+    model_keys_in_use,
     to_yaml,
     training_differences,
 )
@@ -53,7 +54,7 @@ def test_shipped_default_config_loads(repo):
     for name, task in raw["tasks"].items():
         for key, value in task.items():
             assert getattr(cfg.tasks[name], key) == value, f"tasks.{name}.{key}"
-    assert cfg.model.d_model == raw["model"]["d_model"]
+    assert cfg.model.name == raw["model"]["name"] and cfg.model.fno.width == raw["model"]["fno"]["width"]
     assert cfg.train.epochs == raw["train"]["epochs"]
     assert cfg.train.lr == pytest.approx(float(raw["train"]["lr"]))
     assert cfg.run.name == "default"  # the file stem
@@ -369,6 +370,30 @@ def test_training_differences_ignore_runtime_settings(minimal):
     )
     assert a != b
     assert training_differences(a, b) == []
+
+
+def test_settings_of_a_model_not_in_use_are_no_training_difference(minimal):
+    transformer = load_config(minimal)
+    assert (
+        training_differences(transformer, load_config(minimal, ["model.fno.width=8", "model.unet.init_features=4"]))
+        == []
+    )
+    fno = load_config(minimal, ["model.name=fno"])
+    assert training_differences(fno, load_config(minimal, ["model.name=fno", "model.d_model=32"])) == []
+    assert training_differences(fno, load_config(minimal, ["model.name=fno", "model.fno.width=8"])) == [
+        "model.fno.width"
+    ]
+    assert training_differences(transformer, fno) == ["model.name"]
+    assert model_keys_in_use("fno") == ("name", "fno")
+    assert model_keys_in_use("my.pkg:build") == ("name", "args")
+
+
+def test_rollout_objectives_need_true_inputs_and_two_frames(minimal):
+    assert load_config(minimal, ["train.objective=unrolled"]).train.rollout_steps == 4
+    with pytest.raises(ConfigError, match="rollout_steps"):
+        load_config(minimal, ["train.objective=pushforward", "train.rollout_steps=1"])
+    with pytest.raises(ConfigError, match=r"train\.objective=pushforward feeds the model its own predictions"):
+        load_config(minimal, ["train.objective=pushforward", "tasks.adv.latent_encoder=old.pt"])
 
 
 def test_training_differences_report_seed(minimal):

@@ -80,6 +80,26 @@ def test_window_dataset_items_match_the_raw_memmap(adv):
     np.testing.assert_array_equal(batch["y"][-1].numpy(), raw[-1, -1])
 
 
+@pytest.mark.parametrize("horizon", [2, 5])
+def test_windows_with_several_target_frames_stack_them_and_end_on_the_last_frame(adv, horizon):
+    k = 3
+    ds = WindowDataset(adv, "train", k, horizon)
+    per = 9 - k - horizon + 1
+    assert len(ds) == 16 * per
+    raw = np.load(adv.path / "train.npy", mmap_mode="r")
+    indices = [0, per - 1, per, len(ds) - 1]
+    batch = ds.__getitems__(indices)
+    assert batch["x"].shape == (len(indices), k, 16, 1)
+    assert batch["y"].shape == (len(indices), horizon, 16, 1)
+    for row, i in enumerate(indices):
+        sample, t0 = divmod(i, per)
+        np.testing.assert_array_equal(batch["x"][row].numpy(), raw[sample, t0 : t0 + k])
+        np.testing.assert_array_equal(batch["y"][row].numpy(), raw[sample, t0 + k : t0 + k + horizon])
+    np.testing.assert_array_equal(batch["y"][-1, -1].numpy(), raw[-1, -1])
+    # The one-step index beside it is untouched: the two horizons read different index files.
+    assert len(WindowDataset(adv, "train", k)) == 16 * (9 - k)
+
+
 def test_window_dataset_getitem_and_order_of_indices(adv):
     ds = WindowDataset(adv, "val", 4)
     raw = np.load(adv.path / "val.npy")

@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import torch
 
 from train.config import load_config
 from train.data.cache import CacheInfo
@@ -231,3 +232,29 @@ def test_doctor_passes_on_a_consistent_machine(tmp_path, capsys):
     checks = doctor(config(tmp=tmp_path), None, caches={}, facts=facts(gpus=0))
     assert all(c.status == PASS for c in checks), render(checks)
     assert {c.name for c in checks} >= {"libraries", "nproc vs GPUs", "/dev/shm", "disk", "data", "memlock"}
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["model.name=fno"],
+        ["model.name=fno", "model.fno.width=32", "model.fno.modes=16"],
+        ["model.name=unet"],
+        ["model.name=unet", "model.unet.init_features=8"],
+        ["model.d_model=64", "model.n_layers=2"],
+    ],
+)
+def test_the_disk_estimate_of_a_checkpoint_follows_the_model_built(settings):
+    """Within a third of the parameters the model really has, for the default tasks' grids."""
+    from train.engine.loaders import initial_model
+    from train.launch.capacity import parameter_estimate
+    from train.model.specs import TaskData, TaskSpec
+
+    cfg = load_config(Path(__file__).parents[2] / "configs/default.yaml", settings)
+    specs = {
+        "advection1d": TaskSpec((256,), 1, 1, 8, 10, True),
+        "darcy2d": TaskSpec((64, 64), 1, 1, 8, 1, False),
+    }
+    tasks = [TaskData(name, None, spec) for name, spec in specs.items()]  # the model is built from the specs
+    real = sum(p.numel() for p in initial_model(cfg, tasks, torch.device("cpu")).parameters())
+    assert abs(parameter_estimate(cfg) - real) < real / 3, (parameter_estimate(cfg), real)

@@ -1,8 +1,9 @@
-"""python -m train.bench [cache-io|trainer|all]: the benchmarks, each writing NAME.json/.md to --out.
+"""python -m train.bench [cache-io|trainer|models|all]: the benchmarks, each writing NAME.json/.md to --out.
 
 - cache-io: data loading, our mmap cache against per-sample h5py and shared memory (train/bench/cache_io.py);
 - trainer: our trainer's step time against a bare DDP loop (train/bench/trainer_step.py);
-- all (the default, also when only options are given): both, with their default sizes.
+- models: each built-in model and training objective at the same time budget, test nRMSE (train/bench/models.py);
+- all (the default, also when only options are given): all three, with their default sizes.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from train.bench import cache_io, trainer_step
+from train.bench import cache_io, models, trainer_step
 from train.errors import TrainError
 
-COMMANDS = ("cache-io", "trainer", "all")
+COMMANDS = ("cache-io", "trainer", "models", "all")
 # Each benchmark's own options and their defaults (``all`` runs both with these).
 CACHE_IO = {"cache_gb": 1.1, "steps": 400, "h5py_steps": 40, "warmup": 5}
 TRAINER = {"steps": 150, "warmup": 20, "repeats": 5}
+MODELS = {"budget_s": 150.0}  # about the training time of `make train`
 LOG_EVERY = 10  # the trainer's logging window in the benchmark: several in the timed steps, each costing little
 
 
@@ -33,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m train.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", metavar="{cache-io,trainer,all}")
+    sub = parser.add_subparsers(dest="command", metavar="{cache-io,trainer,models,all}")
     io = sub.add_parser("cache-io", help=cache_io.__doc__.splitlines()[0])
     _common(io)
     io.add_argument("--cache-gb", type=float, default=CACHE_IO["cache_gb"], help="size the data is scaled to")
@@ -47,8 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmup", type=int, default=TRAINER["warmup"], help=f"untimed steps first (a multiple of {LOG_EVERY})"
     )
     tr.add_argument("--repeats", type=int, default=TRAINER["repeats"], help="launches of each loop, alternating")
-    both = sub.add_parser("all", help="both benchmarks with their default sizes (the default command)")
-    _common(both)
+    mo = sub.add_parser("models", help=models.__doc__.splitlines()[0])
+    _common(mo)
+    mo.add_argument("--budget-s", type=float, default=MODELS["budget_s"], help="seconds of training per entry")
+    every = sub.add_parser("all", help="every benchmark with its default sizes (the default command)")
+    _common(every)
     return parser
 
 
@@ -79,6 +84,13 @@ def trainer_main(args: argparse.Namespace) -> dict:
     return result
 
 
+def models_main(args: argparse.Namespace) -> dict:
+    o = _options(args, MODELS)
+    result = models.run(args.out, args.workdir, o["budget_s"], args.quick)
+    print((args.out / "models.md").read_text(), flush=True)
+    return result
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options; without a subcommand (none, or only options) the command is ``all``."""
     argv = list(argv)
@@ -95,7 +107,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    runs = {"cache-io": [cache_io_main], "trainer": [trainer_main], "all": [cache_io_main, trainer_main]}
+    runs = {
+        "cache-io": [cache_io_main],
+        "trainer": [trainer_main],
+        "models": [models_main],
+        "all": [cache_io_main, trainer_main, models_main],
+    }
     missed = []
     try:
         for bench in runs[args.command]:

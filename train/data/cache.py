@@ -200,21 +200,22 @@ def _build(name: str, task: TaskConfig, files: SplitFiles, checksums: dict[str, 
     return info
 
 
-def window_index_name(split: str, initial_step: int) -> str:
-    return f"{split}_windows_k{initial_step}.npy"
+def window_index_name(split: str, initial_step: int, horizon: int = 1) -> str:
+    return f"{split}_windows_k{initial_step}{f'_h{horizon}' if horizon > 1 else ''}.npy"
 
 
-def write_window_index(info: CacheInfo, initial_step: int) -> None:
-    """The (trajectory, start frame) pair of every training window of ``initial_step`` frames + 1 target.
+def write_window_index(info: CacheInfo, initial_step: int, horizon: int = 1) -> None:
+    """The (trajectory, start frame) pair of every training window of ``initial_step`` frames + ``horizon``
+    target frames.
 
     Kept beside the arrays (one small int32 file per split and initial_step, so changing initial_step never
     rebuilds the arrays); datasets look windows up in it instead of deriving them, so a split can exclude
     windows (e.g. frames a solver marked invalid) without any change to the readers.
     """
-    assert info.autoregressive and info.n_frames > initial_step, "checked by the caller"
-    per_sample = info.n_frames - initial_step
+    assert info.autoregressive and info.n_frames >= initial_step + horizon, "checked by the caller"
+    per_sample = info.n_frames - initial_step - horizon + 1
     for split in SPLITS:
-        path = info.path / window_index_name(split, initial_step)
+        path = info.path / window_index_name(split, initial_step, horizon)
         if path.is_file():
             continue
         sample, start = np.divmod(np.arange(info.sizes[split] * per_sample, dtype=np.int64), per_sample)

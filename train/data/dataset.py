@@ -39,18 +39,19 @@ class _Mapped:
 
 
 class WindowDataset(_Mapped):
-    """Autoregressive training pairs: ``initial_step`` frames in, the next frame out.
+    """Autoregressive training pairs: ``initial_step`` frames in ("x"), the next frame out ("y"); with a
+    ``horizon`` above one, the next ``horizon`` frames, stacked on axis 1 of "y" (rollout-aware objectives).
 
     Item ``i`` is the window at row ``i`` of the cache's window index: (trajectory, start frame).
     """
 
-    def __init__(self, info: CacheInfo, split: str, initial_step: int):
-        assert info.n_frames > initial_step, "checked when the run is set up"
-        index = info.path / window_index_name(split, initial_step)
+    def __init__(self, info: CacheInfo, split: str, initial_step: int, horizon: int = 1):
+        assert info.n_frames >= initial_step + horizon, "checked when the run is set up"
+        index = info.path / window_index_name(split, initial_step, horizon)
         if not index.is_file():  # normally written by the cache stage; building it here costs milliseconds
-            write_window_index(info, initial_step)
+            write_window_index(info, initial_step, horizon)
         super().__init__(info.path / f"{split}.npy", index)
-        self.initial_step = initial_step
+        self.initial_step, self.horizon = initial_step, horizon
         self.n_windows = len(np.load(index, mmap_mode="r"))  # the index decides; the map is not kept
 
     def __len__(self) -> int:
@@ -59,10 +60,11 @@ class WindowDataset(_Mapped):
     def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
         traj, index = self.arrays
         sample, start = index[np.asarray(indices)].T
-        frames = start[:, None] + np.arange(self.initial_step + 1)
-        windows = traj[sample[:, None], frames]  # (b, k+1, *space, c): one gather
+        k = self.initial_step
+        frames = start[:, None] + np.arange(k + self.horizon)
+        windows = traj[sample[:, None], frames]  # (b, k+h, *space, c): one gather
         windows = torch.from_numpy(np.ascontiguousarray(windows))
-        return {"x": windows[:, :-1], "y": windows[:, -1]}
+        return {"x": windows[:, :k], "y": windows[:, k] if self.horizon == 1 else windows[:, k:]}
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
@@ -87,8 +89,9 @@ class PairDataset(_Mapped):
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
 
-def training_dataset(info: CacheInfo, split: str, initial_step: int) -> WindowDataset | PairDataset:
-    return WindowDataset(info, split, initial_step) if info.autoregressive else PairDataset(info, split)
+def training_dataset(info: CacheInfo, split: str, initial_step: int, horizon: int = 1) -> WindowDataset | PairDataset:
+    """A split's training items; ``horizon``: target frames of autoregressive windows (steady tasks have one)."""
+    return WindowDataset(info, split, initial_step, horizon) if info.autoregressive else PairDataset(info, split)
 
 
 # A latent cache (train.model.latent builds it): the frozen encoder's tokens of every training item.

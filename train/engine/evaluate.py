@@ -150,3 +150,21 @@ def validation_loss(model: nn.Module, tasks: list[TaskData], env: DistEnv, batch
         losses[task.name] = total / count if count else float("nan")
     model.train(was_training)
     return losses
+
+
+def validation_scores(
+    model: nn.Module, tasks: list[TaskData], env: DistEnv, batch_size: int, weights: dict[str, float], metric: str
+) -> tuple[dict[str, float], float]:
+    """The val split's scores as a metrics record, and the one that decides best.pt and early stopping.
+
+    The record holds ``val/<task>`` and ``val/loss`` (the one-step loss, summed with the tasks' weights) and,
+    with ``metric`` rollout_nrmse, ``val_nrmse/<task>`` and ``val_nrmse`` (the rollout nRMSE, their weighted
+    mean), which is then the score; with ``metric`` loss, ``val/loss`` is."""
+    losses = validation_loss(model, tasks, env, batch_size)
+    record = {**{f"val/{n}": v for n, v in losses.items()}, "val/loss": sum(weights[n] * v for n, v in losses.items())}
+    if metric == "loss":
+        return record, record["val/loss"]
+    nrmse = {name: r["nrmse"] for name, r in evaluate_split(model, tasks, env, "val", batch_size).items()}
+    record.update({f"val_nrmse/{n}": v for n, v in nrmse.items()})
+    record["val_nrmse"] = sum(weights[n] * v for n, v in nrmse.items()) / sum(weights[n] for n in nrmse)
+    return record, record["val_nrmse"]

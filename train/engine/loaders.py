@@ -16,6 +16,7 @@ from train.data.dataset import (
     worker_seeding,
 )
 from train.distributed.env import DistEnv
+from train.engine.objective import target_frames
 from train.model.factory import build_model
 from train.model.specs import TaskData
 
@@ -34,7 +35,7 @@ def steps_per_epoch(cfg: Config, tasks: list[TaskData], world_size: int) -> int:
     per_step = cfg.train.accumulate_steps
     return max(
         steps_for_one_pass(
-            len(training_dataset(t.info, "train", t.spec.initial_step)),
+            len(training_dataset(t.info, "train", t.spec.initial_step, target_frames(cfg.train))),
             cfg.tasks[t.name].batch_size * per_step,
             world_size,
         )
@@ -42,8 +43,8 @@ def steps_per_epoch(cfg: Config, tasks: list[TaskData], world_size: int) -> int:
     )
 
 
-def _dataset(task: TaskData):
-    dataset = training_dataset(task.info, "train", task.spec.initial_step)
+def _dataset(task: TaskData, horizon: int = 1):
+    dataset = training_dataset(task.info, "train", task.spec.initial_step, horizon)
     return LatentDataset(dataset, task.latent.file) if task.latent is not None else dataset
 
 
@@ -53,7 +54,7 @@ def training_loaders(
     """One loader per task, each able to yield ``micro_steps`` batches per epoch on every rank."""
     loaders, samplers = {}, {}
     for stream, task in enumerate(tasks):
-        dataset = _dataset(task)
+        dataset = _dataset(task, target_frames(cfg.train))
         sampler = EqualBatchSampler(
             len(dataset), cfg.tasks[task.name].batch_size, micro_steps, env.rank, env.world_size, cfg.run.seed, stream
         )

@@ -84,7 +84,15 @@ def check_no_dead_parameters(model: nn.Module, run_all_tasks: Callable[[nn.Modul
 def wrap_ddp(model: nn.Module, env: DistEnv, find_unused: bool) -> DistributedDataParallel:
     """DDP over ``model``. ``find_unused``: some parameters may get no gradient on some rank in a step (ranks
     drawing different tasks); DDP then searches the autograd graph each step, which costs time, so it is
-    asked for only then."""
+    asked for only then.
+
+    On GPUs, batch normalisation (the U-Net's) is made synchronous: its statistics are those of the whole
+    global batch, as on one device. On CPU (SyncBatchNorm runs on CUDA only) each rank normalises its own
+    batch, and DDP gives every rank rank 0's running statistics at each forward.
+    """
+    if env.device.type == "cuda" and env.world_size > 1:
+        converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        assert converted is model, "the trainer's models wrap their normalisation layers"
     return DistributedDataParallel(
         model,
         device_ids=[env.local_rank] if env.device.type == "cuda" else None,

@@ -34,10 +34,10 @@ from train.checkpoint import (
     save_best,
     save_checkpoint,
 )
-from train.config import Config, ModelConfig
+from train.config import Config, ModelConfig, model_keys_in_use
 from train.distributed.collectives import all_reduce_sum, broadcast_from_main
 from train.distributed.env import DistEnv
-from train.engine.evaluate import validation_loss
+from train.engine.evaluate import validation_scores
 from train.engine.loaders import (
     initial_model,
     predict,
@@ -47,6 +47,7 @@ from train.engine.loaders import (
     training_loaders,
 )
 from train.engine.loss import LossWindow, task_loss
+from train.engine.objective import Unroll, draw_steps, unrolled_targets
 from train.engine.optim import build_optimizer
 from train.engine.setup import (
     check_no_dead_parameters,
@@ -102,7 +103,11 @@ class Trainer:
             n: unused_parameters(self.model, lambda m, n=n: run_on_batches(m, {n: probe[n]})) for n in self.names
         }
         self.weighted = cfg.train.task_sampling == "weighted" and len(tasks) > 1
-        self.ddp = wrap_ddp(self.model, env, find_unused=self.weighted)
+        # Tasks trained by rolling out (train.objective); DDP then wraps the rollout, run as one forward call.
+        self.rolled_out = {t.name for t in tasks if t.spec.autoregressive and cfg.train.objective != "one_step"}
+        self.unroll = bool(self.rolled_out)
+        trained = Unroll(self.model, self.rolled_out) if self.unroll else self.model
+        self.ddp = wrap_ddp(trained, env, find_unused=self.weighted)
         self.forward = compile_model(self.ddp, cfg.compile, env)
         self.compiling = compile_enabled(cfg.compile, env.device)
         self.precision = resolve_precision(cfg.train.precision, env.device)
@@ -164,6 +169,7 @@ class Trainer:
             self.cfg.model.model_dump(mode="json"),
             {t.name: t.spec.as_dict() for t in self.tasks},
             ModelConfig().model_dump(mode="json"),
+            model_keys_in_use(self.cfg.model.name),
         )
         if differences:
             raise ConfigError(
@@ -290,10 +296,18 @@ class Trainer:
         device = self.env.device
         inputs = {n: b["x"].to(device, non_blocking=True) for n, b in batches.items()}
         latents = {n: b["z"].to(device, non_blocking=True) for n, b in batches.items() if "z" in b}
+        targets = {n: b["y"].to(device, non_blocking=True) for n, b in batches.items()}
         try:
             with self.precision.autocast():
-                preds = predict(self.forward, inputs, latents)
-            losses = {n: task_loss(preds[n], b["y"].to(device, non_blocking=True)) for n, b in batches.items()}
+                if self.unroll:  # drawn after the step's seed, so a resumed run draws the same
+                    free, grad = draw_steps(self.cfg.train)
+                    preds = self.forward(inputs, free, grad)
+                    targets = {
+                        n: unrolled_targets(y, free, grad) if n in self.rolled_out else y for n, y in targets.items()
+                    }
+                else:
+                    preds = predict(self.forward, inputs, latents)
+            losses = {n: task_loss(preds[n], targets[n]) for n in batches}
             loss = sum(self.weights[n] * v for n, v in losses.items()) / self.micro
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         except RuntimeError as e:
@@ -370,11 +384,12 @@ class Trainer:
         if not self.val_tasks:
             return
         s, cfg = self.state, self.cfg.train
-        val = validation_loss(self.model, self.val_tasks, self.env, cfg.eval_batch_size)
-        total = sum(self.weights[n] * v for n, v in val.items())
-        improved = total < s.best_val - cfg.early_stop_min_delta
+        val, score = validation_scores(
+            self.model, self.val_tasks, self.env, cfg.eval_batch_size, self.weights, cfg.val_metric
+        )
+        improved = score < s.best_val - cfg.early_stop_min_delta
         if improved:
-            s.best_val, s.bad_validations = total, 0
+            s.best_val, s.bad_validations = score, 0
         else:
             s.bad_validations += 1
         stop = bool(cfg.early_stop_patience and s.bad_validations >= cfg.early_stop_patience)
@@ -382,11 +397,10 @@ class Trainer:
         decision = torch.tensor([float(improved), float(stop)], device=self.env.device)
         broadcast_from_main(decision)
         improved, stop = bool(decision[0]), bool(decision[1])
-        sinks.write({"step": s.global_step, "epoch": self._epoch_float(), **{f"val/{n}": v for n, v in val.items()},
-                     "val/loss": total})  # fmt: skip
+        sinks.write({"step": s.global_step, "epoch": self._epoch_float(), **val})
         log.info(
-            "validation at step %d: %s (loss %.4g%s)", s.global_step, ", ".join(f"{k} {v:.4g}" for k, v in val.items()),
-            total, ", best" if improved else f", {s.bad_validations} without improvement",
+            "validation at step %d: %s (%s %.4g%s)", s.global_step, ", ".join(f"{k} {v:.4g}" for k, v in val.items()),
+            cfg.val_metric, score, ", best" if improved else f", {s.bad_validations} without improvement",
         )  # fmt: skip
         if improved and self.env.is_main:
             save_best(self.checkpoints, self.state_dict())

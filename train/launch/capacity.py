@@ -11,6 +11,7 @@ from pathlib import Path
 
 from train.config import Config
 from train.data.cache import CacheInfo
+from train.pdes import LAYOUTS
 
 MiB = 1 << 20
 NCCL_BUFFSIZE = 4 * MiB  # NCCL's default per-channel buffer (NCCL_BUFFSIZE)
@@ -56,11 +57,27 @@ def _existing(path: Path) -> Path:
     return path
 
 
-def checkpoint_bytes(cfg: Config) -> int:
-    """A checkpoint's size, estimated from the processor: weights plus AdamW's two moments, in float32, and a
-    fifth more for the task encoders and decoders."""
+def parameter_estimate(cfg: Config) -> int:
+    """The model's parameter count, estimated before any data is read (the grids are not known yet); 0 for a
+    factory of your own, whose size nothing tells before it is built."""
     m = cfg.model
-    return int(m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model**2 * 4 * 3 * 1.2)
+    if m.name == "transformer":  # the shared processor, and a fifth more for the task encoders and decoders
+        return int(m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model**2 * 1.2)
+    total = 0
+    for task in cfg.tasks.values():
+        dims = LAYOUTS[task.pde].spatial_dims
+        if m.name == "fno":  # spectral weights (two blocks of modes in 2D) dominate; then lifting and projection
+            f = m.fno
+            spectral = (1 if dims == 1 else 2) * f.width**2 * f.modes**dims * 2
+            total += f.layers * (spectral + f.width**2 + f.width) + (task.initial_step * 4 + dims) * f.width + 130 * 128
+        elif m.name == "unet":  # 2.7 M weights in 1D at 32 features, three times the kernel taps per extra axis
+            total += int(2.7e6 * 3 ** (dims - 1) * (m.unet.init_features / 32) ** 2)
+    return total
+
+
+def checkpoint_bytes(cfg: Config) -> int:
+    """A checkpoint's size: the weights plus AdamW's two moments, in float32."""
+    return parameter_estimate(cfg) * 4 * 3
 
 
 def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> list[tuple[Path, int, list[str]]]:
