@@ -513,5 +513,7 @@ def training_differences(a: Config, b: Config) -> list[str]:
     unused = tuple(
         f"model.{key}" for key in ModelConfig.model_fields if key not in model_keys_in_use(b.model.name)
     )  # a model's settings are differences only under their model.name (a changed name always is one)
+    if b.train.objective == "one_step" and a.train.objective == "one_step":
+        unused += ("train.rollout_steps",)
     keys = sorted(set(fa) | set(fb))
     return [k for k in keys if not k.startswith(_RUNTIME_ONLY + unused) and fa.get(k) != fb.get(k)]

@@ -25,16 +25,17 @@ def _gradients_of_one_step(rank: int, run_dir, out) -> None:
     trainer = rank_trainer(run_dir)
     captured = {}
     step = trainer.optimizer.step
+    parameters = dict(trainer.model.named_parameters())  # the closure must not hold the trainer (see _fit)
 
     def capture(*args, **kwargs):
-        captured.update({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+        captured.update({n: p.grad.clone() for n, p in parameters.items() if p.grad is not None})
         return step(*args, **kwargs)
 
     trainer.optimizer.step = capture
     micro_steps = trainer.steps * trainer.micro
     trainer.train_step(EpochStreams(trainer.loaders, trainer.samplers, 0, 0, micro_steps, None))
     torch.save(captured, out / f"grads{rank}.pt")
-    del trainer, step  # before the group (see _fit)
+    del trainer  # before the group (see _fit)
     gc.collect()
     dist.destroy_process_group()
 

@@ -388,6 +388,16 @@ def test_settings_of_a_model_not_in_use_are_no_training_difference(minimal):
     assert model_keys_in_use("my.pkg:build") == ("name", "args")
 
 
+def test_rollout_steps_are_a_training_difference_only_under_a_rollout_objective(minimal):
+    one_step = load_config(minimal)
+    assert training_differences(one_step, load_config(minimal, ["train.rollout_steps=7"])) == []
+    pushforward = load_config(minimal, ["train.objective=pushforward"])
+    assert training_differences(
+        pushforward, load_config(minimal, ["train.objective=pushforward", "train.rollout_steps=7"])
+    ) == ["train.rollout_steps"]
+    assert training_differences(one_step, pushforward) == ["train.objective"]
+
+
 def test_rollout_objectives_need_true_inputs_and_two_frames(minimal):
     assert load_config(minimal, ["train.objective=unrolled"]).train.rollout_steps == 4
     with pytest.raises(ConfigError, match="rollout_steps"):
