@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from train.bench import save_result
+from train.bench import machine_figures, save_result
 from train.config import Config, load_config
 from train.data.sources import stage_data
 from train.engine.loaders import initial_model
@@ -129,11 +129,7 @@ def run(out: Path, workdir: Path, budget_s: float, quick: bool, entries=ENTRIES)
     rows = [entry(workdir, model, objective, budget_s, quick) for model, objective in entries]
     best = {task: min(r["nrmse"][task] for r in rows) for task in rows[0]["nrmse"]}
     result = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
-        },
+        "machine": machine_figures(load_before),
         "setup": {
             "config": f"configs/{'tiny' if quick else 'default'}.yaml",
             "ranks": RANKS,

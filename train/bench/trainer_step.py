@@ -19,9 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
-from train.bench import save_result
+from train.bench import machine_figures, save_result
 from train.config import Config, load_config
 from train.data.sources import stage_data
 from train.launch.torchrun import launch
@@ -117,12 +115,7 @@ def run(out: Path, workdir: Path, steps: int, warmup: int, repeats: int, quick: 
     ratio = statistics.median(r["ratio"] for r in results)
     bare_launch = [r["bare"]["launch_to_first_step_s"] for r in results]
     result = {
-        # Other processes on the machine show up as noise in both loops; the load average says how much there was.
-        "machine": {
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "load_average_1min": {"before": load_before, "after": os.getloadavg()[0]},
-        },
+        "machine": machine_figures(load_before),
         "setup": {
             "config": f"configs/{'tiny' if quick else 'default'}.yaml",
             "overrides": overrides,
