@@ -19,6 +19,7 @@ from train.distributed.collectives import all_reduce_sum
 from train.distributed.env import DistEnv
 from train.engine.loss import task_loss
 from train.engine.metrics import ErrorSums, error_sums, finish, nrmse_by_step
+from train.engine.objective import advance
 from train.errors import DataError
 from train.model.specs import TaskData
 
@@ -39,7 +40,7 @@ def rollout(model: nn.Module, task: TaskData, trajectories: torch.Tensor) -> tor
     for _ in range(k, trajectories.shape[1]):
         nxt = model({task.name: window})[task.name]
         frames.append(nxt)
-        window = torch.cat([window[:, 1:], nxt[:, None]], dim=1)
+        window = advance(window, nxt)
     return torch.stack(frames, dim=1)
 
 
