@@ -3,6 +3,8 @@
 # Python >= 3.10 and torch, and put the other wheels in wheels/ (the offline path, used by CI).
 ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime
 FROM ${BASE_IMAGE}
+# Optional extras of the package to bake in, comma-separated: e.g. EXTRAS=wandb for obs.wandb tracking.
+ARG EXTRAS=""
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -41,7 +43,7 @@ RUN python -c "import sysconfig as s; print('\n'.join(dict.fromkeys(s.get_paths(
     && python -m venv --system-site-packages .venv \
     && mv /tmp/base-image.pth "$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/" \
     && .venv/bin/python -c "import torch; print(f'torch=={torch.__version__}')" > /tmp/torch-constraint.txt \
-    && .venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+    && EXTRAS="$EXTRAS" .venv/bin/python -c "import os, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + [r for e in filter(None, os.environ['EXTRAS'].split(',')) for r in p['optional-dependencies'][e.strip()]]))" > /tmp/requirements.txt \
     && echo "setuptools>=68" >> /tmp/requirements.txt \
     && if find /tmp/wheels -name '*.whl' | grep -q .; then printf -- '--no-index\n--find-links /tmp/wheels\n' >> /tmp/requirements.txt; fi \
     && .venv/bin/python -m pip install -c /tmp/torch-constraint.txt -r /tmp/requirements.txt \

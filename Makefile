@@ -20,6 +20,7 @@ COMPOSE ?= docker compose
 COMPOSE_FILES ?= compose.yaml
 CPU ?=
 BASE_IMAGE ?=
+EXTRAS ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -103,10 +104,10 @@ format: install ## Apply ruff's fixes and formatting
 
 COMPOSE_CMD = $(COMPOSE) $(foreach f,$(COMPOSE_FILES),-f $(f)) $(if $(CPU),--profile cpu)
 SUFFIX = $(if $(CPU),-cpu)
-COMPOSE_ENV = $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) CONFIG=$(CONFIG) NPROC=$(NPROC) \
+COMPOSE_ENV = $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) $(if $(EXTRAS),EXTRAS=$(EXTRAS)) CONFIG=$(CONFIG) NPROC=$(NPROC) \
 	TRAIN_ARGS="$(if $(RUN),--run $(RUN)) $(foreach s,$(SET),--set $(s))"
 
-build: ## Build the image (BASE_IMAGE=... picks the base; wheels/ holds wheels for an offline build)
+build: ## Build the image (BASE_IMAGE=... picks the base; EXTRAS=wandb bakes in W&B; wheels/ for an offline build)
 	$(call checked,$(COMPOSE_ENV) $(COMPOSE_CMD) build train$(SUFFIX))
 
 up: ## Train CONFIG in the container (docker compose up train; CPU=1: train-cpu)

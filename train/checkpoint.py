@@ -61,11 +61,17 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}.pt"
 
 
+def checkpoint_step(name: str) -> int | None:
+    """The step of a step checkpoint's file name; None for any other name (best.pt, temporary files)."""
+    m = _NAME.match(name)
+    return int(m.group(1)) if m else None
+
+
 def list_checkpoints(folder: Path) -> list[Path]:
     """Complete step checkpoints, oldest first. Temporary files of an interrupted save never match the pattern."""
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    found = [(step, p) for p in folder.iterdir() if (step := checkpoint_step(p.name)) is not None]
     return [p for _, p in sorted(found)]
 
 

@@ -280,6 +280,46 @@ class RunConfig(Section):
     """Where memory-mapped training caches go (cache/<task>/<hash>/...)."""
     seed: int = 0
     """Seed of model initialisation, sampling order and dropout."""
+    remote: str | None = None
+    """Where the run is mirrored so that it outlives this machine: 'b2://bucket/prefix' (the B2 credentials of
+    data downloads) or a folder on a shared file system. The run's folder <remote>/<run name>/ receives every
+    kept checkpoint and best.pt (each SHA1-verified, then named by checkpoints/latest.json), the config,
+    metrics.jsonl and, when the launch ends, the report and logs. A launch without a local checkpoint resumes
+    from the remote's newest verified one. Default: no remote."""
+    remote_wait_s: int = Field(120, ge=0)
+    """Seconds the launcher waits, when the ranks have stopped (a finished run, a stop request or a failure),
+    for the newest checkpoint, the report and the logs to reach the remote, before it exits anyway."""
+
+    @pydantic.field_validator("remote")
+    @classmethod
+    def _check_remote(cls, remote: str | None) -> str | None:
+        if remote is None:
+            return None
+        if remote.startswith("b2://"):
+            bucket, _, prefix = remote.removeprefix("b2://").partition("/")
+            if not bucket or {".", ".."} & set(prefix.strip("/").split("/")) or "\\" in prefix:
+                raise ValueError(f"run.remote={remote!r}: expected b2://bucket or b2://bucket/prefix")
+        elif "://" in remote or not remote.strip():
+            raise ValueError(f"run.remote={remote!r}: use b2://bucket/prefix or a folder path")
+        return remote
+
+
+class WandbConfig(Section):
+    """Weights & Biases tracking of the run, beside metrics.jsonl and TensorBoard (needs the 'wandb' extra)."""
+
+    mode: Literal["disabled", "online", "offline"] = "disabled"
+    """'online' streams to W&B (WANDB_API_KEY in the environment, or `wandb login`); 'offline' writes the run
+    under runs/<name>/wandb/ for a later `wandb sync`; 'disabled' does nothing."""
+    project: str = "pde-surrogates"
+    """W&B project the run belongs to."""
+    entity: str | None = None
+    """W&B team or user; default: the API key's default entity."""
+
+
+class ObsConfig(Section):
+    wandb: WandbConfig = WandbConfig()
+    """Experiment tracking in W&B: the same scalars as metrics.jsonl, the report's plots, and the run's true
+    outcome (finished, preempted at a step, or failed with its exit code and first error line)."""
 
 
 class Config(Section):
@@ -294,7 +334,9 @@ class Config(Section):
     dist: DistConfig = DistConfig()
     """Launch and process-group settings."""
     run: RunConfig = RunConfig()
-    """Names and folders."""
+    """Names, folders and the remote copy of the run."""
+    obs: ObsConfig = ObsConfig()
+    """Experiment tracking beyond the run folder."""
     slurm: SlurmConfig = SlurmConfig()
     """What `python -m train slurm` writes into the sbatch file it renders."""
 
@@ -497,6 +539,8 @@ _RUNTIME_ONLY = (
     "run.runs_dir",
     "run.data_dir",
     "run.cache_dir",
+    "run.remote",
+    "obs.",
     "train.num_workers",
     "train.log_every",
     "train.eval_batch_size",

@@ -18,11 +18,15 @@ from train.errors import ConfigError
 from train.launch.doctor import check_shm_at_launch, doctor
 from train.launch.session import LaunchSession, launch_session
 from train.launch.torchrun import launch, resolve_nproc
+from train.launch.watchers import watched_launch
 from train.model.factory import resolve_factory
 from train.model.latent import build_latent_cache
 from train.model.multitask import check_specs
 from train.model.specs import task_spec
 from train.obs.report import read_summary, report_is_current
+from train.obs.tracking import check_tracking
+from train.remote.restore import restore_run
+from train.remote.store import open_remote
 from train.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -100,14 +104,18 @@ def _launch_stages(
 ) -> Path:
     if cfg.model.name not in BUILT_IN_MODELS:
         resolve_factory(cfg.model.name)  # a wrong path fails now, not after the data and cache stages
+    check_tracking(cfg)
     if preflight:
         doctor(cfg, nproc, quiet=True, data=False, rendezvous_held=session.hosts_rendezvous)
+    run = RunDir.of(cfg)
+    remote = open_remote(cfg.run.remote, run.root.name, b2_api) if cfg.run.remote else None
+    if remote is not None and cfg.train.resume != "never":
+        restore_run(cfg, run, remote)  # a new machine: the run continues from its remote copy
     session.between_stages()
     sources = stage_data(cfg, b2_api=b2_api)
     session.between_stages()
     folders = stage_cache(cfg, sources)
     session.between_stages()
-    run = RunDir.of(cfg)
     run.prepare(cfg)
     run.write_inputs(folders)
     stages = []
@@ -129,7 +137,8 @@ def _launch_stages(
         if preflight:
             check_shm_at_launch(cfg, n, {name: CacheInfo.load(Path(f["cache"])) for name, f in folders.items()})
         session.ready_to_launch()
-        launch(run, n, cfg, ["--stages", ",".join(stages)])
+        with watched_launch(cfg, run, remote):
+            launch(run, n, cfg, ["--stages", ",".join(stages)])
     if command in ("run", "evaluate"):
         for name, r in read_summary(run.root).items():
             log.info("%s: test nRMSE %.4g (baseline %.4g)", name, r["nrmse"], r["baseline_nrmse"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -113,3 +114,17 @@ def test_docker_stop_checkpoints_and_the_container_exits_75(client, image, mount
     assert status == 75, logs[-3000:]
     marker = json.loads((Path(mounts["RUNS_DIR"]) / "tiny" / "preempted.json").read_text())
     assert (Path(mounts["RUNS_DIR"]) / "tiny" / "checkpoints" / f"step_{marker['global_step']:08d}.pt").is_file()
+
+
+def test_compose_passes_the_remote_and_tracking_credentials_through_and_leaves_unset_ones_unset(compose_v2):
+    env = {**os.environ, "B2_APPLICATION_KEY_ID": "kid", "B2_APPLICATION_KEY": SENTINEL, "WANDB_API_KEY": "wk"}
+    env.pop("WANDB_BASE_URL", None)
+    out = subprocess.run(["docker", "compose", "config", "--format", "json"], cwd=REPO, env=env, capture_output=True,
+                         text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    for name, service in json.loads(out.stdout)["services"].items():
+        environment = service["environment"]
+        assert environment["B2_APPLICATION_KEY"] == SENTINEL and environment["WANDB_API_KEY"] == "wk", name
+        # Unset on the host: unset in the container too (W&B would take an empty value as a server address).
+        assert environment.get("WANDB_BASE_URL") is None, name
+        assert service["build"]["args"]["EXTRAS"] == "", name

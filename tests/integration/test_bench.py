@@ -87,3 +87,15 @@ def test_quick_models_benchmark_trains_every_model_and_objective_and_tabulates_t
     table = (tmp_path / "models.md").read_text()
     assert "PDEBench FNO, published" in table and table in proc.stdout
     assert sum(line.startswith(("| fno", "| unet", "| transformer")) for line in table.splitlines()) == len(ENTRIES)
+
+
+def test_quick_remote_benchmark_mirrors_checkpoints_and_writes_the_ratio(tmp_path):
+    proc = bench(tmp_path, "remote")
+    result = json.loads((tmp_path / "remote.json").read_text())
+    assert math.isfinite(result["ratio"]) and result["ratio"] > 0
+    (pair,) = result["repeats"]
+    assert pair["without"]["mirrored"] == [] and pair["with"]["mirrored"], pair  # at least the last checkpoint
+    assert pair["with"]["step_time_s"] > 0 and pair["without"]["step_time_s"] > 0
+    assert list(result["targets"]) == ["step time ratio with/without a slow remote <= 1.02"]
+    table = (tmp_path / "remote.md").read_text()
+    assert "slow remote" in table and table in proc.stdout

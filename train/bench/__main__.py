@@ -1,9 +1,10 @@
-"""python -m train.bench [cache-io|trainer|models|all]: the benchmarks, each writing NAME.json/.md to --out.
+"""python -m train.bench [cache-io|trainer|models|remote|all]: the benchmarks, each writing NAME.json/.md to --out.
 
 - cache-io: data loading, our mmap cache against per-sample h5py and shared memory (train/bench/cache_io.py);
 - trainer: our trainer's step time against a bare DDP loop (train/bench/trainer_step.py);
 - models: each built-in model and training objective at the same time budget, test nRMSE (train/bench/models.py);
-- all (the default, also when only options are given): all three, with their default sizes.
+- remote: the trainer's step time with and without a slow remote mirroring its checkpoints (train/bench/remote.py);
+- all (the default, also when only options are given): all four, with their default sizes.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from train.bench import cache_io, models, trainer_step
+from train.bench import cache_io, models, remote, trainer_step
 from train.errors import TrainError
 
-COMMANDS = ("cache-io", "trainer", "models", "all")
+COMMANDS = ("cache-io", "trainer", "models", "remote", "all")
 # Each benchmark's own options and their defaults (``all`` runs both with these).
 CACHE_IO = {"cache_gb": 1.1, "steps": 400, "h5py_steps": 40, "warmup": 5}
 TRAINER = {"steps": 150, "warmup": 20, "repeats": 5}
 MODELS = {"budget_s": 150.0}  # about the training time of `make train`
+REMOTE = {"steps": 150, "warmup": 20, "repeats": 3, "rate_mb_s": 2.0}
 LOG_EVERY = 10  # the trainer's logging window in the benchmark: several in the timed steps, each costing little
 
 
@@ -35,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m train.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", metavar="{cache-io,trainer,models,all}")
+    sub = parser.add_subparsers(dest="command", metavar="{cache-io,trainer,models,remote,all}")
     io = sub.add_parser("cache-io", help=cache_io.__doc__.splitlines()[0])
     _common(io)
     io.add_argument("--cache-gb", type=float, default=CACHE_IO["cache_gb"], help="size the data is scaled to")
@@ -52,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     mo = sub.add_parser("models", help=models.__doc__.splitlines()[0])
     _common(mo)
     mo.add_argument("--budget-s", type=float, default=MODELS["budget_s"], help="seconds of training per entry")
+    re = sub.add_parser("remote", help=remote.__doc__.splitlines()[0])
+    _common(re)
+    re.add_argument("--steps", type=int, default=REMOTE["steps"], help="timed steps per launch")
+    re.add_argument(
+        "--warmup", type=int, default=REMOTE["warmup"], help=f"untimed steps first (a multiple of {LOG_EVERY})"
+    )
+    re.add_argument("--repeats", type=int, default=REMOTE["repeats"], help="pairs of launches, alternating")
+    re.add_argument("--rate-mb-s", type=float, default=REMOTE["rate_mb_s"], help="upload speed of the remote")
     every = sub.add_parser("all", help="every benchmark with its default sizes (the default command)")
     _common(every)
     return parser
@@ -91,6 +101,15 @@ def models_main(args: argparse.Namespace) -> dict:
     return result
 
 
+def remote_main(args: argparse.Namespace) -> dict:
+    o = _options(args, REMOTE)
+    if args.quick:
+        o.update(steps=20, warmup=4, repeats=1)
+    result = remote.run(args.out, args.workdir, o["steps"], o["warmup"], o["repeats"], o["rate_mb_s"], args.quick)
+    print((args.out / "remote.md").read_text(), flush=True)
+    return result
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options; without a subcommand (none, or only options) the command is ``all``."""
     argv = list(argv)
@@ -98,9 +117,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         argv.insert(0, "all")  # `make bench BENCH_ARGS=--quick` runs everything
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "trainer" and args.warmup % LOG_EVERY:
+    if args.command in ("trainer", "remote") and args.warmup % LOG_EVERY:
         parser.error(
-            f"trainer: --warmup must be a multiple of {LOG_EVERY}, the logging window, so windows start after it"
+            f"{args.command}: --warmup must be a multiple of {LOG_EVERY}, the logging window, so windows start after it"
         )
     return args
 
@@ -111,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         "cache-io": [cache_io_main],
         "trainer": [trainer_main],
         "models": [models_main],
-        "all": [cache_io_main, trainer_main, models_main],
+        "remote": [remote_main],
+        "all": [cache_io_main, trainer_main, models_main, remote_main],
     }
     missed = []
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Iterator
 from types import FrameType
 
@@ -40,6 +41,22 @@ def stop_on_signals() -> Iterator[None]:
     previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
     try:
         yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def stop_signals_deferred() -> Iterator[list[int]]:
+    """Hold SIGTERM and SIGUSR1 for a bounded piece of cleanup that a stop must not cut short (the launcher's
+    wait for the remote); yields the signals that arrived, which the caller has already decided how to end."""
+    arrived: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield arrived
+        return
+    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        yield arrived
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

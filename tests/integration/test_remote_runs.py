@@ -1,0 +1,146 @@
+"""Runs that outlive their machine: real torchrun launches mirrored to a folder remote and to b2sdk's simulated
+bucket, stopped by real signals, their machine "lost" (run folder, caches and data deleted), and resumed from
+the remote to weights bitwise equal to an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.b2sim import SENTINEL_KEY, Account
+from tests.helpers import REPO, run_cli, wait_for
+from tests.integration.test_faults import assert_bitwise_equal, final_weights, fit_argv, start, wait_for_step
+from train.checkpoint import checkpoint_name, latest_checkpoint
+from train.config import load_config
+from train.errors import Preempted
+from train.launch.stop import stop_on_signals
+from train.obs.sinks import read_metrics
+from train.pipeline import run_stages
+from train.remote import mirror as mirror_module
+from train.remote.mirror import read_pointer
+from train.remote.store import open_remote, sha1_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The final weights of the uninterrupted run, without any remote."""
+    tmp = tmp_path_factory.mktemp("reference")
+    proc = run_cli(*fit_argv(tmp, "run"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return final_weights(tmp / "runs" / "run")
+
+
+def lose_the_machine(tmp: Path) -> None:
+    """The run folder, the caches and the data (test_faults' folders(tmp)) go with the machine."""
+    for folder in ("runs", "data", "cache"):
+        shutil.rmtree(tmp / folder)
+
+
+def test_sigterm_leaves_its_checkpoint_on_the_remote_and_a_new_machine_resumes_bitwise(tmp_path, reference):
+    remote_dir = tmp_path / "shared"
+    argv = ["--set", f"run.remote={remote_dir}"]
+    at = random.Random().randrange(15, 120)
+    print(f"SIGTERM to the job at step {at}")
+    proc = start(tmp_path / "box", "run", *argv)
+    run_dir = tmp_path / "box" / "runs" / "run"
+    wait_for_step(proc, run_dir / "metrics.jsonl", at)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+
+    assert proc.returncode == 75, err[-4000:]
+    marker = json.loads((run_dir / "preempted.json").read_text())
+    saved = checkpoint_name(marker["global_step"])
+    remote = open_remote(str(remote_dir), "run")
+    pointer = read_pointer(remote)  # read after the launcher exited: it waited for this upload
+    assert pointer["checkpoint"] == saved, (pointer, err[-3000:])
+    local, mirrored = run_dir / "checkpoints" / saved, remote.path(f"checkpoints/{saved}")
+    assert pointer["kept"][0]["sha1"] == sha1_of(local) == sha1_of(mirrored)
+    assert f"remote: {remote.url} holds the run up to {saved}, verified" in err
+    assert remote.stat("logs/rank0.log") is not None
+
+    lose_the_machine(tmp_path / "box")
+    again = run_cli(*fit_argv(tmp_path / "box", "run", *argv))
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert f"remote: resuming from {saved}, fetched from {remote.url}" in again.stderr
+    assert_bitwise_equal(final_weights(run_dir), reference)
+
+
+def in_process_config(tmp: Path, remote: str):
+    """The config fit_argv(tmp, 'run') loads, with a remote."""
+    overrides = [a for a in fit_argv(tmp, "run") if "=" in a]
+    return load_config(REPO / "configs/tiny.yaml", [*overrides, f"run.remote={remote}"], run_name="run")
+
+
+def test_b2_mirror_survives_failing_uploads_and_a_corrupt_checkpoint_is_never_resumed_from(
+    tmp_path, reference, monkeypatch, caplog
+):
+    account = Account(monkeypatch)
+    monkeypatch.setattr(mirror_module, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(mirror_module, "POLL_S", 0.05)
+    account.sim.MIN_PART_SIZE = 100_000  # checkpoints still go up in parts, a few of them (B2's is 5 MB)
+    # The first uploads fail (whichever file they carry): training must not notice, a later upload gets through.
+    from b2sdk.v2 import exception as b2_exception
+
+    account.sim.set_upload_errors([b2_exception.StorageCapExceeded() for _ in range(mirror_module.ATTEMPTS)])
+    cfg = in_process_config(tmp_path, "b2://pdebench/runs")
+    run_dir = tmp_path / "runs" / "run"
+    at = random.Random().randrange(40, 120)
+
+    remote = open_remote("b2://pdebench/runs", "run", account.api)
+
+    def stop_at_step():  # a real SIGTERM to this process, which runs the launcher (and torchrun's agent)
+        try:
+            wait_for_metrics_step(run_dir / "metrics.jsonl", at)
+            # ... once the remote holds a checkpoint older than the one the stop writes
+            wait_for(lambda: (read_pointer(remote) or {}).get("checkpoint"), "a checkpoint on the remote", 240)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop_at_step, daemon=True)
+    stopper.start()
+    with stop_on_signals(), pytest.raises(Preempted):
+        run_stages(cfg, "fit", 2, b2_api=account.api)
+    stopper.join()
+
+    failed = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("event") == "remote_upload_failed"]
+    assert failed and "storage cap" in failed[0]["error"].lower(), failed
+    pointer = read_pointer(remote)
+    local = latest_checkpoint(run_dir / "checkpoints")
+    assert pointer["checkpoint"] == local.name and pointer["kept"][0]["sha1"] == sha1_of(local)
+    assert len(pointer["kept"]) == 2, pointer
+    assert SENTINEL_KEY not in caplog.text + "".join(p.read_text() for p in (run_dir / "logs").rglob("*.log"))
+
+    lose_the_machine(tmp_path)
+    # The newest remote checkpoint replaced by other bytes (a valid B2 upload): only the pointer knows better.
+    account.bucket.upload_bytes(os.urandom(5000), f"runs/run/checkpoints/{pointer['checkpoint']}")
+    caplog.clear()
+    caplog.set_level(logging.INFO)
+    run_stages(in_process_config(tmp_path, "b2://pdebench/runs"), "fit", 2, b2_api=account.api)
+
+    older = pointer["kept"][1]["name"]
+    assert f"{pointer['checkpoint']} is not used" in caplog.text
+    assert f"remote: resuming from {older}" in caplog.text
+    assert_bitwise_equal(final_weights(run_dir), reference)
+    assert read_pointer(remote)["checkpoint"] == checkpoint_name(160)
+
+
+def wait_for_metrics_step(metrics: Path, step: int, timeout: float = 240) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [r for r in read_metrics(metrics) if "loss" in r]
+        if lines and lines[-1]["step"] >= step:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"step {step} not reached in {timeout} s")

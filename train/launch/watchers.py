@@ -1,0 +1,43 @@
+"""What runs beside the ranks during a launch, in the launcher: the remote mirror and the W&B run.
+
+Both are told how the launch ended, from the launcher's point of view, which is the only one that knows it:
+a rank killed by the kernel writes nothing, and a failure on one rank ends the others by signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from train.config import Config
+from train.launch.stop import stop_signals_deferred
+from train.obs.tracking import open_tracker, outcome_of
+from train.remote.mirror import RunMirror
+from train.remote.store import Remote
+from train.run_dir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def watched_launch(cfg: Config, run: RunDir, remote: Remote | None) -> Iterator[RunMirror | None]:
+    """Mirror ``run`` to ``remote`` and track it in W&B (each when configured) while the block runs the ranks;
+    yields the mirror (None without a remote)."""
+    tracker = open_tracker(cfg, run)
+    mirror = RunMirror(remote, run, cfg.train.keep_checkpoints).start() if remote is not None else None
+    error: BaseException | None = None
+    try:
+        yield mirror
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        outcome = outcome_of(error)
+        with stop_signals_deferred() as arrived:  # the run is already ending: a second stop must not cut this
+            if tracker is not None:
+                tracker.finish(outcome, run)
+            if mirror is not None:
+                mirror.finish(cfg.run.remote_wait_s)
+        if arrived:
+            log.info("a stop request arrived while the launcher finished the remote copy; it ends now")
