@@ -293,3 +293,16 @@ def test_the_pointer_is_json_naming_only_verified_files(tmp_path, b2):
     raw = json.loads(fetched(remote, POINTER, tmp_path))
     assert raw["checkpoint"] == checkpoint_name(20)
     assert {e["name"] for e in raw["kept"]} <= {n.rsplit("/", 1)[-1] for n in remote.names("checkpoints")}
+
+
+def test_on_several_nodes_a_run_folder_shared_with_node_0_is_mirrored_by_node_0_alone(tmp_path, b2):
+    remote = open_remote("b2://pdebench/runs", "run", b2.api)
+    own, shared = RunDir(tmp_path / "node1"), RunDir(tmp_path / "shared")
+    for run in (own, shared):
+        checkpoint(run, 4)
+    shared.launch_record(0).write_text("{}")  # node 0's launcher wrote here: the folder is shared
+
+    assert RunMirror(remote, shared, keep=2, node_rank=1, poll_s=0.01).start().finish(30)
+    assert read_pointer(remote) is None and remote.names("checkpoints") == []
+    assert RunMirror(remote, own, keep=2, node_rank=1, poll_s=0.01).start().finish(30)  # rank 0 may be here
+    assert pointed(remote) == [checkpoint_name(4)]

@@ -7,11 +7,14 @@ a rank killed by the kernel writes nothing, and a failure on one rank ends the o
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 from collections.abc import Iterator
 
 from train.config import Config
 from train.launch.stop import stop_signals_deferred
+from train.launch.topology import topology_from_environ
 from train.obs.tracking import open_tracker, outcome_of
 from train.remote.mirror import RunMirror
 from train.remote.store import Remote
@@ -24,8 +27,11 @@ log = logging.getLogger(__name__)
 def watched_launch(cfg: Config, run: RunDir, remote: Remote | None) -> Iterator[RunMirror | None]:
     """Mirror ``run`` to ``remote`` and track it in W&B (each when configured) while the block runs the ranks;
     yields the mirror (None without a remote)."""
-    tracker = open_tracker(cfg, run)
-    mirror = RunMirror(remote, run, cfg.train.keep_checkpoints).start() if remote is not None else None
+    tracker = open_tracker(cfg, run.root)
+    node_rank = topology_from_environ(os.environ, run.root.name).node_rank
+    mirror = None
+    if remote is not None:
+        mirror = RunMirror(remote, run, cfg.train.keep_checkpoints, node_rank=node_rank).start()
     error: BaseException | None = None
     try:
         yield mirror
@@ -36,8 +42,16 @@ def watched_launch(cfg: Config, run: RunDir, remote: Remote | None) -> Iterator[
         outcome = outcome_of(error)
         with stop_signals_deferred() as arrived:  # the run is already ending: a second stop must not cut this
             if tracker is not None:
-                tracker.finish(outcome, run)
+                tracker.finish(outcome, run.report, _preempted_at_step(run))
             if mirror is not None:
                 mirror.finish(cfg.run.remote_wait_s)
         if arrived:
             log.info("a stop request arrived while the launcher finished the remote copy; it ends now")
+
+
+def _preempted_at_step(run: RunDir) -> int | None:
+    """The step rank 0 recorded when it honoured a stop request, if it did."""
+    try:
+        return int(json.loads(run.preempted_marker.read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -27,7 +27,6 @@ from train.atomic import write_json_atomic
 from train.config import Config
 from train.errors import ConfigError, Preempted, PreflightError, StopRequested, TrainError
 from train.obs.sinks import POSITION_KEYS
-from train.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +74,21 @@ def check_tracking(cfg: Config) -> None:
         ) from None
 
 
-def open_tracker(cfg: Config, run: RunDir) -> WandbRun | None:
-    """The run's W&B run for this launch, or None when tracking is disabled."""
+def open_tracker(cfg: Config, run_root: Path) -> WandbRun | None:
+    """The W&B run of the run folder ``run_root`` for this launch, or None when tracking is disabled."""
     if cfg.obs.wandb.mode == "disabled":
         return None
     check_tracking(cfg)
-    return WandbRun(cfg, run)
+    return WandbRun(cfg, run_root)
 
 
-def read_state(run: RunDir) -> dict:
+def read_state(run_root: Path) -> dict:
     try:
-        state = json.loads((run.root / STATE).read_text())
+        state = json.loads((run_root / STATE).read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:
-        log.warning("%s is unreadable (%s): this launch starts a new W&B run", run.root / STATE, e)
+        log.warning("%s is unreadable (%s): this launch starts a new W&B run", run_root / STATE, e)
         return {}
     return state if isinstance(state, dict) else {}
 
@@ -105,11 +104,11 @@ def _scalars(record: dict) -> dict[str, float]:
 class WandbRun:
     """One launch's connection to the run's W&B run: a thread forwards metrics.jsonl; :meth:`finish` ends it."""
 
-    def __init__(self, cfg: Config, run: RunDir):
+    def __init__(self, cfg: Config, run_root: Path):
         import wandb
 
-        self.run = run
-        state = read_state(run)
+        self.root = run_root
+        state = read_state(run_root)
         self.id = state.get("id") or "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
         self.offset, self.step = int(state.get("offset", 0)), int(state.get("step", -1))
         self._save_state()  # before W&B starts: a launch killed right after still continues the same run
@@ -119,10 +118,10 @@ class WandbRun:
                 project=settings.project,
                 entity=settings.entity,
                 id=self.id,
-                name=run.root.name,
+                name=run_root.name,
                 resume="allow",
                 mode=settings.mode,
-                dir=str(run.root),
+                dir=str(run_root),
                 config=cfg.model_dump(mode="json"),
                 settings=wandb.Settings(console="off", x_disable_stats=True, save_code=False, silent=True),
             )
@@ -140,7 +139,7 @@ class WandbRun:
         self._thread.start()
 
     def _save_state(self) -> None:
-        write_json_atomic(self.run.root / STATE, {"id": self.id, "offset": self.offset, "step": self.step})
+        write_json_atomic(self.root / STATE, {"id": self.id, "offset": self.offset, "step": self.step})
 
     def _loop(self) -> None:
         while not self._stop.wait(FORWARD_EVERY_S):
@@ -152,7 +151,7 @@ class WandbRun:
     def forward(self) -> None:
         """Send every whole line metrics.jsonl gained since the last call."""
         with self._lock:
-            path = self.run.root / "metrics.jsonl"
+            path = self.root / "metrics.jsonl"
             try:
                 with open(path, "rb") as f:
                     if f.seek(0, 2) < self.offset:  # a shorter file (restored from an older mirror): start over
@@ -178,23 +177,22 @@ class WandbRun:
                 self.offset += len(whole)
                 self._save_state()
 
-    def finish(self, outcome: Outcome, run: RunDir) -> None:
-        """Forward what is left, attach the report's plots and mark the run with ``outcome``."""
+    def finish(self, outcome: Outcome, report: Path, preempted_at_step: int | None = None) -> None:
+        """Forward what is left, attach the plots in ``report`` and mark the run with ``outcome``."""
         import wandb
 
         self._stop.set()
         self._thread.join()
         try:
             self.forward()
-            images = {f"report/{png.stem}": wandb.Image(str(png)) for png in sorted(Path(run.report).glob("*.png"))}
+            images = {f"report/{png.stem}": wandb.Image(str(png)) for png in sorted(Path(report).glob("*.png"))}
             if images:
                 self.wb.log(images, step=max(self.step, 0))
             summary = {"outcome": outcome.state, "exit_code": outcome.exit_code}
             if outcome.error:
                 summary["error"] = outcome.error
             if outcome.state == "preempted":
-                marker = _read_json(run.preempted_marker)
-                summary["preempted_at_step"] = marker.get("global_step", self.step)
+                summary["preempted_at_step"] = self.step if preempted_at_step is None else preempted_at_step
                 self.wb.mark_preempting()
             self.wb.summary.update(summary)
             self.wb.finish(exit_code=outcome.exit_code)
@@ -202,11 +200,3 @@ class WandbRun:
         except Exception as e:
             log.warning("W&B: could not close run %s (%s: %s); metrics.jsonl holds everything", self.id,
                         type(e).__name__, e)  # fmt: skip
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

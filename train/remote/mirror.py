@@ -70,8 +70,10 @@ def _signature(path: Path) -> tuple[int, int, int]:
 class RunMirror:
     """Mirrors ``run`` to ``remote`` from a background thread; :meth:`finish` ends it, waiting a bounded time."""
 
-    def __init__(self, remote: Remote, run: RunDir, keep: int, *, poll_s: float | None = None):
-        self.remote, self.run, self.keep = remote, run, keep
+    def __init__(
+        self, remote: Remote, run: RunDir, keep: int, *, node_rank: int = 0, poll_s: float | None = None
+    ) -> None:
+        self.remote, self.run, self.keep, self.node_rank = remote, run, keep, node_rank
         self.poll_s = POLL_S if poll_s is None else poll_s
         self.pointer = read_pointer(remote)  # in the caller's thread: missing credentials fail the launch now
         self.failures = 0
@@ -96,6 +98,11 @@ class RunMirror:
     def finish(self, timeout_s: float) -> bool:
         """Mirror what is left (newest checkpoint, best.pt, metrics, report, logs) within ``timeout_s``; True
         when everything got there."""
+        if self._shared_with_node_0():
+            self._finishing.set()
+            self._thread.join(timeout_s)
+            log.info("remote: %s is node 0's run folder too; node 0's launcher mirrors it", self.run.root)
+            return True
         newest = latest_checkpoint(self.run.checkpoints)
         what = f"{newest.name}, " if newest else ""
         log.info("remote: waiting up to %d s for %sthe metrics, report and logs to reach %s", timeout_s, what,
@@ -131,7 +138,14 @@ class RunMirror:
         except Exception:  # a bug here must cost the mirror, never the training
             log.exception("remote: the mirror stopped; training goes on without it")
 
+    def _shared_with_node_0(self) -> bool:
+        """On several nodes, rank 0 (and its checkpoints) may be on any node, so every launcher mirrors its own
+        run folder, unless that folder is node 0's too (a shared file system): then node 0's launcher alone does."""
+        return self.node_rank > 0 and self.run.launch_record(0).is_file()
+
     def _pass(self, final: bool) -> None:
+        if self._shared_with_node_0():
+            return
         newest = latest_checkpoint(self.run.checkpoints)
         sent_checkpoint = newest is not None and self._checkpoint(newest, final)
         if (self.run.checkpoints / BEST).is_file():
