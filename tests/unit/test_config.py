@@ -11,12 +11,14 @@ from train.config import (
     DistConfig,
     FNOConfig,
     ModelConfig,
+    ObsConfig,
     RunConfig,
     Section,
     SlurmConfig,
     TaskConfig,
     TrainConfig,
     UNetConfig,
+    WandbConfig,
     apply_override,
     load_config,
     model_keys_in_use,
@@ -366,6 +368,10 @@ def test_training_differences_ignore_runtime_settings(minimal):
             "train.num_workers=3",
             "train.log_every=1",
             "train.eval_batch_size=7",
+            "run.remote=b2://bucket/runs",
+            "run.remote_wait_s=30",
+            "obs.wandb.mode=offline",
+            "obs.wandb.project=other",
         ],
     )
     assert a != b
@@ -464,6 +470,8 @@ def test_every_field_is_documented():
         DistConfig,
         RunConfig,
         SlurmConfig,
+        WandbConfig,
+        ObsConfig,
         Config,
     }
     for section in sections:

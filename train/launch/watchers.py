@@ -27,11 +27,16 @@ log = logging.getLogger(__name__)
 def watched_launch(cfg: Config, run: RunDir, remote: Remote | None) -> Iterator[RunMirror | None]:
     """Mirror ``run`` to ``remote`` and track it in W&B (each when configured) while the block runs the ranks;
     yields the mirror (None without a remote)."""
-    tracker = open_tracker(cfg, run.root)
     node_rank = topology_from_environ(os.environ, run.root.name).node_rank
     mirror = None
-    if remote is not None:
+    if remote is not None:  # first: a remote that cannot be reached fails the launch before W&B starts a run
         mirror = RunMirror(remote, run, cfg.train.keep_checkpoints, node_rank=node_rank).start()
+    try:
+        tracker = open_tracker(cfg, run.root)
+    except BaseException:
+        if mirror is not None:
+            mirror.finish(cfg.run.remote_wait_s)
+        raise
     error: BaseException | None = None
     try:
         yield mirror
