@@ -20,6 +20,7 @@ from train.launch.doctor import (
     check_data,
     check_gpus,
     check_memlock,
+    check_remote,
     check_rendezvous,
     check_shm,
     check_slurm,
@@ -232,6 +233,20 @@ def test_doctor_passes_on_a_consistent_machine(tmp_path, capsys):
     checks = doctor(config(tmp=tmp_path), None, caches={}, facts=facts(gpus=0))
     assert all(c.status == PASS for c in checks), render(checks)
     assert {c.name for c in checks} >= {"libraries", "nproc vs GPUs", "/dev/shm", "disk", "data", "memlock"}
+
+
+def test_the_remote_row_says_whether_the_remote_answers_and_what_it_holds(tmp_path, monkeypatch):
+    from tests.b2sim import Account
+
+    assert check_remote(config(tmp=tmp_path)) is None  # no remote, no row
+    folder = check_remote(config("run.remote=" + str(tmp_path / "shared"), tmp=tmp_path))
+    assert folder.status == PASS and "reachable, no checkpoint yet" in folder.detail
+    account = Account(monkeypatch)
+    good = check_remote(config("run.remote=b2://pdebench/runs", tmp=tmp_path), account.api)
+    assert good.status == PASS and good.detail.startswith("b2://pdebench/runs/tiny: reachable")
+    monkeypatch.delenv("B2_APPLICATION_KEY")
+    missing = check_remote(config("run.remote=b2://pdebench/runs", tmp=tmp_path), account.api)
+    assert missing.status == FAIL and "B2_APPLICATION_KEY" in missing.detail and "B2_APPLICATION_KEY" in missing.fix
 
 
 @pytest.mark.parametrize(

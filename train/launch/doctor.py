@@ -19,7 +19,7 @@ from pathlib import Path
 
 from train.config import Config
 from train.data.cache import CacheInfo
-from train.errors import ConfigError, PreflightError
+from train.errors import ConfigError, PreflightError, TrainError
 from train.launch.capacity import MiB, find_caches, mib, needs_by_filesystem, shm_need
 from train.launch.topology import Topology, nproc_for, topology_from_environ
 
@@ -342,6 +342,24 @@ def check_disk(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> Check:
     return Check("disk", status, "; ".join(details), fix)
 
 
+def check_remote(cfg: Config, b2_api=None) -> Check | None:
+    """Whether run.remote answers with the credentials at hand (`make doctor` only: it asks the network), and
+    what it holds of this run."""
+    if not cfg.run.remote:
+        return None
+    from train.remote.mirror import read_pointer
+    from train.remote.store import open_remote
+
+    try:
+        remote = open_remote(cfg.run.remote, cfg.run.name or "run", b2_api)
+        pointer = read_pointer(remote) or {}
+    except TrainError as e:
+        fix = "check run.remote and, for b2://, B2_APPLICATION_KEY_ID / B2_APPLICATION_KEY (a key that can write)"
+        return Check("remote", FAIL, str(e), fix)
+    held = f"newest verified checkpoint {pointer['checkpoint']}" if pointer.get("checkpoint") else "no checkpoint yet"
+    return Check("remote", PASS, f"{remote.url}: reachable, {held}")
+
+
 def run_checks(
     cfg: Config,
     nproc: str | int | None,
@@ -356,6 +374,7 @@ def run_checks(
     checks += [c for c in [check_slurm(cfg, nproc, facts)] if c is not None]
     checks += [rendezvous, check_shm(cfg, n or 1, caches, facts), check_disk(cfg, caches)]
     checks += [check_data(cfg, facts)] if data else []
+    checks += [c for c in [check_remote(cfg)] if c is not None] if data else []
     checks.append(check_memlock(facts, topology))
     return checks
 
