@@ -94,7 +94,7 @@ def test_b2_mirror_survives_failing_uploads_and_a_corrupt_checkpoint_is_never_re
     account.sim.set_upload_errors([b2_exception.StorageCapExceeded() for _ in range(mirror_module.ATTEMPTS)])
     cfg = in_process_config(tmp_path, "b2://pdebench/runs")
     run_dir = tmp_path / "runs" / "run"
-    at = random.Random().randrange(40, 120)
+    at = random.Random().randrange(20, 80)  # the stop also waits for a checkpoint on the remote
 
     remote = open_remote("b2://pdebench/runs", "run", account.api)
 
