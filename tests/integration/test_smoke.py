@@ -17,6 +17,15 @@ SENTINELS = {
     "WANDB_API_KEY": "SENTINELwandb5e6f",
     "HF_TOKEN": "SENTINELhf9a8b",
     "DB_PASSWORD": "SENTINELpw1c2d",
+    "DB_PASSWD": "SENTINELpasswd3e4f",
+    "GH_PAT": "SENTINELpat7a6b",
+    "DATABASE_URL": "SENTINELurl2b3c",
+}
+# The environment holds some sentinels inside longer values; the searches still look for the sentinel alone.
+SECRET_ENVIRON = {
+    **SENTINELS,
+    "DATABASE_URL": f"postgres://user:{SENTINELS['DATABASE_URL']}@host/db",
+    "BACKUP_ARGS": f"--fast --key {SENTINELS['B2_APPLICATION_KEY']}",
 }
 
 
@@ -46,7 +55,7 @@ def every_file(root: Path) -> list[Path]:
 
 
 def test_debug_run_logs_every_rank_and_the_environment_without_any_secret(tmp_path):
-    env = {"DEBUG": "1", **SENTINELS}
+    env = {"DEBUG": "1", **SECRET_ENVIRON}
     proc = run_cli("run", "--config", "configs/tiny.yaml", "--nproc", "2", *folders(tmp_path), env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run_dir = tmp_path / "runs" / "tiny"
@@ -54,6 +63,9 @@ def test_debug_run_logs_every_rank_and_the_environment_without_any_secret(tmp_pa
     assert "[rank1]" in proc.stderr and "[rank0]" in proc.stderr
     rank1 = (run_dir / "logs" / "rank1.log").read_text()
     assert "B2_APPLICATION_KEY': '<redacted>'" in rank1 and "'NCCL_DEBUG': 'INFO'" in rank1
+    # Redaction is targeted: only the password leaves the URL, only the key leaves the innocent variable.
+    assert "'DATABASE_URL': 'postgres://user:<redacted>@host/db'" in rank1
+    assert "'BACKUP_ARGS': '--fast --key <redacted>'" in rank1
     assert (run_dir / "flight_recorder").is_dir()
     files = every_file(tmp_path)
     assert len(files) > 20

@@ -108,3 +108,73 @@ def test_secrets_are_redacted_by_name():
     assert redacted["PATH"] == "/bin"
     assert not {"s1", "s2", "s3", "s4"} & set(redacted.values())
     assert set(redacted) == set(env)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "DB_PASSWD",
+        "DB_PWD",
+        "MYSQL_PWD",
+        "GH_PAT",
+        "HTTP_AUTH",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "SMTP_PASS",
+        "DB_PW",
+        "SSH_PRIVATE",
+        "SESSION_COOKIE",
+        "APP_SESSION",
+        "URL_SIGNATURE",
+        "GPG_PASSPHRASE",
+        "githubPat",
+    ],
+)
+def test_credential_like_names_are_redacted(name):
+    assert redacted_environ({name: "hunter2hunter2"}) == {name: "<redacted>"}
+
+
+@pytest.mark.parametrize(
+    "name", ["PATH", "PYTHONPATH", "PWD", "OLDPWD", "SSH_AUTH_SOCK", "SSH_ASKPASS", "GIT_AUTHOR_NAME", "PASSTHROUGH"]
+)
+def test_ordinary_names_stay_readable(name):
+    assert redacted_environ({name: "/home/me/work"}) == {name: "/home/me/work"}
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("postgres://user:pass@host/db", "postgres://user:<redacted>@host/db"),
+        ("redis://:pass@host:6379/0", "redis://:<redacted>@host:6379/0"),
+        ("--db=postgres://u:p%40ss@h:5432/x --fast", "--db=postgres://u:<redacted>@h:5432/x --fast"),
+        (
+            "a=https://me:one@x.org/q,b=amqp://you:two@y.org",
+            "a=https://me:<redacted>@x.org/q,b=amqp://you:<redacted>@y.org",
+        ),
+        ("mysql://user:p@ss@host/db", "mysql://user:<redacted>@host/db"),
+        ("http://host:8080/path ssh://git@github.com/x", "http://host:8080/path ssh://git@github.com/x"),
+    ],
+)
+def test_the_password_of_a_url_in_any_value_is_redacted(value, expected):
+    assert redacted_environ({"DATABASE_URL": value}) == {"DATABASE_URL": expected}
+
+
+def test_a_known_credential_under_an_innocent_name_is_redacted():
+    env = {
+        "B2_APPLICATION_KEY_ID": "0025a1b2c3d4",
+        "B2_APPLICATION_KEY": "K002abcdefSECRET",
+        "BACKUP_ARGS": "--id 0025a1b2c3d4 --key K002abcdefSECRET --fast",
+        "KEY": "1",
+        "WORKERS": "1",
+        "PGPASSWORD": "hunter2hunter2",
+        "NOTES": "see postgres://u:hunter2hunter2@h/db; same as hunter2hunter2",
+    }
+    redacted = redacted_environ(env)
+    assert redacted["BACKUP_ARGS"] == "--id <redacted> --key <redacted> --fast"
+    assert redacted["WORKERS"] == "1", "short values are too common to count as known credentials"
+    assert redacted["NOTES"] == "see postgres://u:<redacted>@h/db; same as <redacted>"
+    assert list(redacted) == sorted(env)
+
+
+def test_a_password_seen_in_a_url_is_a_known_credential_elsewhere():
+    env = {"DATABASE_URL": "postgres://u:s3cretpw@h/db", "PGOPTS": "-p s3cretpw"}
+    assert redacted_environ(env)["PGOPTS"] == "-p <redacted>"

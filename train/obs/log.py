@@ -10,7 +10,20 @@ from collections.abc import Mapping
 from pathlib import Path
 
 FORMAT = "%(asctime)s [{who}] %(levelname)s %(message)s"
-SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD", re.IGNORECASE)
+REDACTED = "<redacted>"
+# Long words mean a credential wherever they appear in a name: GITHUB_TOKEN, DB_PASSWD, GOOGLE_APPLICATION_CREDENTIALS.
+SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASS(WORD|WD|PHRASE)|CREDENTIAL|PRIVATE|COOKIE|SIGNATURE", re.IGNORECASE)
+# Short words only as a whole word of the name, or PATH would hide behind PAT and SSH_ASKPASS behind PASS.
+SECRET_WORD = re.compile(r"PAT|PWD?|PASS|O?AUTH|AUTHORIZATION|SESSION")
+NAME_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")  # GH_PAT, DB-PWD and githubPat alike
+# Paths, not credentials, though their names hold a short word: the shell's working directories, ssh-agent's socket.
+NOT_SECRET = frozenset({"PWD", "OLDPWD", "SSH_AUTH_SOCK"})
+# scheme://user:password@host, also with an empty user; the password runs to the last @ before the path, so that an
+# unescaped @ in it cannot leave its tail readable. The scheme is taken whole (never from its middle): trying every
+# letter of a long value as a scheme's first would take quadratic time.
+URL_PASSWORD = re.compile(r"(?P<head>(?<![A-Za-z0-9+.-])[A-Za-z0-9+.-]+://[^\s/?#@:]*:)(?P<password>[^\s/?#]+)@")
+# Shorter known values (KEY=1, a port) would blank common substrings everywhere.
+MIN_KNOWN_LENGTH = 6
 
 
 def debug_enabled() -> bool:
@@ -18,9 +31,33 @@ def debug_enabled() -> bool:
     return os.environ.get("DEBUG", "").strip().lower() not in ("", "0", "false", "no")
 
 
+def secret_name(name: str) -> bool:
+    """Whether a variable's name says its value is a credential (DB_PASSWD, GH_PAT; not PATH, PWD or OLDPWD)."""
+    if name in NOT_SECRET:
+        return False
+    return bool(SECRET_NAME.search(name)) or any(SECRET_WORD.fullmatch(w.upper()) for w in NAME_WORD.findall(name))
+
+
 def redacted_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment with the value of every variable named like a secret replaced, for debug logs."""
-    return {name: "<redacted>" if SECRET_NAME.search(name) else value for name, value in sorted(environ.items())}
+    """The environment for debug logs, sorted by name, with credentials replaced by <redacted>.
+
+    A variable named like a credential loses its whole value; in every other value the password of a URL
+    (scheme://user:<redacted>@host) and any copy of a known credential (the value of a variable redacted by
+    name, or a URL's password, of 6 characters or more) are replaced.
+    """
+    secret = {name for name in environ if secret_name(name)}
+    # Credentials get copied under innocent names (BACKUP_ARGS="--key $B2_APPLICATION_KEY"): hide every copy.
+    known = {environ[name] for name in secret}
+    known |= {m["password"] for value in environ.values() for m in URL_PASSWORD.finditer(value)}
+    # Longest first, so that a credential holding a shorter one is hidden whole.
+    longest_first = sorted((k for k in known if len(k) >= MIN_KNOWN_LENGTH), key=len, reverse=True)
+    copies = re.compile("|".join(map(re.escape, longest_first))) if longest_first else None
+
+    def clean(value: str) -> str:
+        value = URL_PASSWORD.sub(rf"\g<head>{REDACTED}@", value)
+        return copies.sub(REDACTED, value) if copies else value
+
+    return {name: REDACTED if name in secret else clean(value) for name, value in sorted(environ.items())}
 
 
 def setup_logging(who: str = "launcher", log_file: Path | None = None, console: bool = True) -> None:
