@@ -26,7 +26,8 @@ class Layout:
     style: Literal["single", "groups"] = "single"
     channels: int | None = None
     generated_file: str | None = None
-    """The file name pattern of the embedded generator's output ({} is the coefficient); None: no generator."""
+    """PDEBench's file name pattern of the family ({} is the coefficient); None: no generator. The generator's
+    output adds its settings to it (train.data.generate.generated_filename)."""
 
     @property
     def test_first(self) -> bool:

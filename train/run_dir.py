@@ -3,7 +3,8 @@
 ```
 runs/<name>/
   config.yaml             the resolved config (the launcher refuses a folder that holds a different run)
-  inputs.json             each task's cache folders, found or built by the launcher
+  inputs.json             each task's cache folders, found or built by the launcher, and where its data came
+                          from: each split's origin ('data') and the data stage's warnings ('data_warnings')
   launch-node<k>.json     node k's launch record: when torchrun started, whether the console is a terminal,
                           the launcher's pid and the lock its ranks hold
   .launch-node<k>.lock    held by node k's launcher for the whole launch
@@ -25,14 +26,17 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from train.atomic import write_json_atomic, write_text_atomic
 from train.checkpoint import training_done
 from train.config import Config, load_config, to_yaml, training_differences
+from train.data.cache import MANIFEST as CACHE_MANIFEST
 from train.data.cache import CacheInfo
 from train.data.dataset import LatentInfo
+from train.data.sources import Provenance
 from train.errors import ConfigError, DataError
 from train.model.specs import TaskData, task_spec
 
@@ -134,9 +138,19 @@ class RunDir:
         write_text_atomic(self.config, to_yaml(cfg))
         self.logs.mkdir(parents=True, exist_ok=True)
 
-    def write_inputs(self, folders: dict[str, dict[str, str | None]]) -> None:
-        """Each task's cache folder and latent cache folder (None without one)."""
-        write_json_atomic(self.inputs, folders)
+    def write_inputs(
+        self, folders: dict[str, dict[str, str | None]], provenance: Mapping[str, Provenance | None] | None = None
+    ) -> None:
+        """Each task's cache folder and latent cache folder (None without one) and, given the data stage's
+        provenance, where each split came from and what the data stage warned about (see load_data)."""
+        inputs: dict[str, dict] = {}
+        for name, task_folders in folders.items():
+            inputs[name] = dict(task_folders)
+            if provenance and provenance.get(name) is not None:
+                # The cache's manifest holds each split's sample range and each source file's checksum.
+                manifest = json.loads((Path(task_folders["cache"]) / CACHE_MANIFEST).read_text())
+                inputs[name] |= provenance[name].record(manifest)
+        write_json_atomic(self.inputs, inputs)
 
     def write_launch_record(self, node_rank: int, ranks_lock: Path, live_console: bool) -> Path:
         path = self.launch_record(node_rank)
@@ -170,6 +184,16 @@ class RunDir:
                 )
             tasks.append(TaskData(name, info, task_spec(info, task), latent))
         return tasks
+
+    def load_data(self) -> dict[str, dict]:
+        """Per task, where its data came from: ``data`` (each split's origin, file and samples) and
+        ``data_warnings``; a task whose inputs were written without them (benchmarks, some tests) is left out."""
+        inputs = json.loads(self.inputs.read_text())
+        return {
+            name: {"data": v["data"], "data_warnings": v.get("data_warnings", [])}
+            for name, v in inputs.items()
+            if "data" in v
+        }
 
     def mark_preempted(self, progress: dict) -> None:
         """Rank 0, once a stop request was honoured with a checkpoint: the launcher then exits 75."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -12,12 +14,17 @@ from tests.b2sim import SENTINEL_KEY, Account
 from tests.helpers import folders, run_cli
 from train.config import load_config
 from train.data import download
+from train.data.checksum import hash_file
 from train.data.generate import generate
 from train.data.sources import SplitFiles, stage_data
 from train.errors import DataError, PreflightError
 from train.pipeline import run_stages
 
 pytestmark = pytest.mark.integration
+
+
+def _iso_utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms // 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
 
 
 def _overrides(tmp: Path, source: str) -> list[str]:
@@ -67,10 +74,40 @@ def test_training_on_data_from_a_bucket(bucket, tmp_path, caplog, monkeypatch):
     assert sorted(p.name for p in (data / "darcy2d").iterdir()) == [".manifest.json", "train.h5"]
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     adv, darcy = summary["advection1d"]["data"], summary["darcy2d"]["data"]
-    assert adv["test"] == {"file": str(data / "advection1d" / "test.h5"), "samples": [0, 10], "carved": False}
-    assert adv["val"]["carved"] and not adv["train"]["carved"]
+    # Where each split came from, down to B2's record of the object, without the data folder.
+    key = "data/full/advection1d/advection1d_test_000.h5"
+    remote, test_file = bucket.bucket.get_file_info_by_name(key), data / "advection1d" / "test.h5"
+    b2_test = {
+        "origin": "b2", "file": str(test_file), "url": f"b2://pdebench/{key}", "bucket": "pdebench", "key": key,
+        "size": test_file.stat().st_size, "sha1": hashlib.sha1(test_file.read_bytes()).hexdigest(),
+        "sha1_verified": True, "uploaded": _iso_utc(remote.upload_timestamp), "file_id": remote.id_,
+    }  # fmt: skip
+    assert adv["test"] == {**b2_test, "samples": [0, 10], "carved": False, "xxh3_128": hash_file(test_file)}
+    assert adv["train"]["key"] == "data/full/advection1d/advection1d_train.h5" and not adv["train"]["carved"]
+    train_url = "b2://pdebench/data/full/advection1d/advection1d_train.h5"
+    assert adv["val"] == {
+        "origin": "carved", "file": str(data / "advection1d" / "train.h5"), "samples": [0, 4], "carved": True,
+        "carved_from": train_url,
+        "convention": "PDEBench's single-file convention: test, val, train in sample order; val_fraction=0.1",
+    }  # fmt: skip
     assert darcy["test"]["carved"] and darcy["test"]["samples"] == [0, 4]  # the FIRST 10%: single-file style
-    assert "carved from the train file" in (run_dir / "report" / "summary.md").read_text()
+    warnings = summary["advection1d"]["data_warnings"]
+    assert len(warnings) == 1 and warnings[0].startswith("data advection1d: no val file (tried b2://pdebench/data/")
+    assert [w.split(" (")[0] for w in summary["darcy2d"]["data_warnings"]] == [
+        "data darcy2d: no val file",
+        "data darcy2d: no test file",
+    ]
+    inputs = json.loads((run_dir / "inputs.json").read_text())
+    assert (
+        inputs["advection1d"]["data"] == adv
+        and inputs["darcy2d"]["data_warnings"] == summary["darcy2d"]["data_warnings"]
+    )
+    md = (run_dir / "report" / "summary.md").read_text()
+    assert (
+        f"| advection1d | test | `b2://pdebench/{key}` (SHA1 {b2_test['sha1']}, uploaded {b2_test['uploaded']}) |" in md
+    )
+    assert f"| advection1d | val | carved from the train file `{train_url}` (PDEBench's single-file" in md
+    assert "- data advection1d: no val file" in md
     assert "no val file" in caplog.text and "no test file" in caplog.text
 
     # Re-running transfers nothing: the manifest vouches for the files.
@@ -80,6 +117,8 @@ def test_training_on_data_from_a_bucket(bucket, tmp_path, caplog, monkeypatch):
     for path in tmp_path.rglob("*"):
         if path.is_file() and path.suffix in (".json", ".yaml", ".md", ".log", ".jsonl"):
             assert SENTINEL_KEY not in path.read_text(errors="replace"), path
+    for path in (run_dir / "inputs.json", run_dir / "report" / "summary.json", run_dir / "report" / "summary.md"):
+        assert bucket.key_id not in path.read_text(), path
 
     # Without credentials (a container that only trains), the files downloaded earlier are used.
     monkeypatch.delenv("B2_APPLICATION_KEY_ID")
@@ -88,6 +127,11 @@ def test_training_on_data_from_a_bucket(bucket, tmp_path, caplog, monkeypatch):
     assert files["advection1d"] == SplitFiles(data / "advection1d" / "train.h5", None, data / "advection1d" / "test.h5")
     assert files["darcy2d"] == SplitFiles(data / "darcy2d" / "train.h5")
     assert "B2 credentials are not set" in caplog.text
+    # The data folder's manifest still knows where the files came from, and the run is told it was not checked.
+    provenance = files["advection1d"].provenance
+    assert provenance.origins["test"] == b2_test
+    assert provenance.origins["val"]["origin"] == "carved" and provenance.origins["val"]["carved_from"] == train_url
+    assert provenance.warnings[0].startswith("data advection1d: B2 credentials are not set; using the files")
 
 
 def test_missing_credentials_with_nothing_downloaded_is_a_preflight_error(bucket, tmp_path, monkeypatch):
@@ -128,7 +172,16 @@ def test_local_folder_source_with_pdebench_split_names(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((tmp_path / "runs" / "tiny" / "report" / "summary.json").read_text())
     adv = summary["advection1d"]["data"]
-    assert adv["val"] == {"file": str(folder / "adv_Valid.hdf5"), "samples": [0, 6], "carved": False}
+    valid = folder / "adv_Valid.hdf5"
+    modified = _iso_utc(valid.stat().st_mtime_ns // 10**6)
+    assert adv["val"] == {
+        "origin": "local", "file": str(valid), "samples": [0, 6], "carved": False, "size": valid.stat().st_size,
+        "modified": modified, "xxh3_128": hash_file(valid),
+    }  # fmt: skip
     assert adv["test"]["carved"] and adv["test"]["file"] == str(folder / "adv_Train.hdf5")
+    assert adv["test"]["carved_from"] == str(folder / "adv_Train.hdf5")
+    assert summary["advection1d"]["data_warnings"][0].startswith(f"data advection1d: no test file (tried {folder}/")
     assert summary["darcy2d"]["data"]["train"]["file"] == str(folder / "darcy2d" / "train.h5")
+    md = (tmp_path / "runs" / "tiny" / "report" / "summary.md").read_text()
+    assert f"| advection1d | val | local file ({valid.stat().st_size} bytes, modified {modified}) | `{valid}` |" in md
     assert not (tmp_path / "data").exists(), "local files are read in place, not copied"

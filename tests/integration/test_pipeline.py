@@ -56,6 +56,23 @@ def test_run_writes_the_run_folder_contract(trained):
         assert {"crmse", "brmse", "max_error", "frmse_low", "frmse_mid", "frmse_high"} <= scores.keys()
     md = (run / "report" / "summary.md").read_text()
     assert "advection1d" in md and "darcy2d" in md
+    # Generated data is named by its settings, and the run folder records them.
+    generated = tmp / "data" / "advection1d" / "1D_Advection_Sols_beta0.1_n40_r64_s0.hdf5"
+    settings = {"pde": "advection1d", "n_samples": 40, "resolution": 64, "coefficient": 0.1, "seed": 0, "version": 1}
+    inputs = json.loads((run / "inputs.json").read_text())
+    assert set(inputs["advection1d"]) == {"cache", "latent", "data", "data_warnings"}
+    train = inputs["advection1d"]["data"]["train"]
+    assert {k: train[k] for k in ("origin", "file", "generator", "carved")} == {
+        "origin": "generated", "file": str(generated), "generator": settings, "carved": False,
+    }  # fmt: skip
+    assert inputs["advection1d"]["data"]["test"]["carved_from"] == str(generated)
+    assert inputs["darcy2d"]["data"]["train"]["file"].endswith("/2D_DarcyFlow_beta1.0_Train_n40_r16_s0.hdf5")
+    assert (
+        inputs["advection1d"]["data_warnings"] == [] and summary["advection1d"]["data"] == inputs["advection1d"]["data"]
+    )
+    assert (
+        "| advection1d | train | generated (pde=advection1d, n_samples=40, resolution=64, coefficient=0.1, seed=0" in md
+    )
     growth = summary["advection1d"]["nrmse_by_step"]  # the rollout's error per predicted step; darcy2d is steady
     assert len(growth) > 1 and len(summary["darcy2d"]["nrmse_by_step"]) == 1
     assert sum(growth) / len(growth) == pytest.approx(summary["advection1d"]["nrmse"], rel=1e-9)

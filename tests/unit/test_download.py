@@ -51,7 +51,12 @@ def test_b2_download_is_verified_and_recorded(b2, tmp_path):
     assert (result.dest, result.bytes_transferred, result.skipped, result.sha1) == (dest, 300, False, sha1(data))
     manifest = json.loads((dest.parent / ".manifest.json").read_text())
     source = "b2://pdebench/data/full/adv/adv_train.h5"
-    assert manifest == {"train.h5": {"size": 300, "sha1": sha1(data), "source": source, "version": version.id_}}
+    uploaded = version.upload_timestamp
+    entry = {"size": 300, "sha1": sha1(data), "verified": True, "source": source, "version": version.id_}
+    assert manifest == {"train.h5": {**entry, "uploaded": uploaded}}
+    # What the run's provenance is made of: B2's own record of the object, the simulator's clock included.
+    assert result.remote == download.RemoteFile("full/adv/adv_train.h5", 300, sha1(data), version.id_, uploaded)
+    assert isinstance(uploaded, int) and uploaded > 0 and result.warnings == []
     assert leftovers(dest.parent) == ["train.h5"]
     assert len(b2.downloads) == 1
 
@@ -105,6 +110,27 @@ def test_corrupt_content_is_retried_then_refused(b2, tmp_path):
     assert not dest.exists() and leftovers(tmp_path) == []
 
 
+def test_a_retry_that_succeeds_keeps_its_warning_for_the_run(b2, tmp_path, monkeypatch):
+    good = os.urandom(300)
+    b2.bucket.upload_bytes(good, "data/x.h5")
+    stored = b2.stored("data/x.h5")
+    bad = bytes([good[0] ^ 0xFF]) + good[1:]
+    stored.data_bytes = bad
+    counting = b2.sim.download_file_from_url
+
+    def healed_after_the_first(*args, **kwargs):
+        if b2.downloads:
+            stored.data_bytes = good
+        return counting(*args, **kwargs)
+
+    monkeypatch.setattr(b2.sim, "download_file_from_url", healed_after_the_first)
+    result = fetch(b2.store(), "x.h5", tmp_path / "x.h5")
+
+    assert (tmp_path / "x.h5").read_bytes() == good and len(b2.downloads) == 2
+    expected = f"b2://pdebench/data/x.h5: SHA1 mismatch: expected {sha1(good)}, got {sha1(bad)}; trying again (1/2)"
+    assert result.warnings == [expected]
+
+
 def test_wrong_large_file_sha1_is_caught_although_b2sdk_does_not_check_it(b2, tmp_path):
     parts = [os.urandom(300), os.urandom(300), os.urandom(50)]
     wrong = sha1(b"something else")
@@ -153,6 +179,11 @@ def test_unknown_sha1_is_recorded_with_a_warning(b2, tmp_path, caplog):
         result = fetch(b2.store(), "u.h5", tmp_path / "u.h5")
 
     assert result.sha1 == sha1(data) and "unverified" in caplog.text
+    # The run keeps the warning too, and the manifest says the SHA1 was never checked.
+    assert result.warnings == [
+        f"b2://pdebench/data/u.h5: the store has no SHA1 for this file; recorded {sha1(data)} unverified"
+    ]
+    assert json.loads((tmp_path / download.MANIFEST).read_text())["u.h5"]["verified"] is False
     assert fetch(b2.store(), "u.h5", tmp_path / "u.h5").skipped  # same source and size: up to date
 
 

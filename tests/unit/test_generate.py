@@ -79,6 +79,59 @@ def test_pdebench_filename():
         gen.pdebench_filename("heat1d", 0.1)
 
 
+def test_generated_filename_names_every_setting():
+    name = gen.generated_filename("advection1d", n_samples=40, resolution=64, coefficient=0.1, seed=0)
+    assert name == "1D_Advection_Sols_beta0.1_n40_r64_s0.hdf5"
+    name = gen.generated_filename("darcy2d", n_samples=1000, resolution=64, coefficient=1, seed=7)
+    assert name == "2D_DarcyFlow_beta1.0_Train_n1000_r64_s7.hdf5"
+    name = gen.generated_filename("burgers1d", n_samples=4, resolution=32, coefficient=1e-3, seed=2)
+    assert name == "1D_Burgers_Sols_Nu0.001_n4_r32_s2.hdf5"
+    settings = {"n_samples": 40, "resolution": 64, "coefficient": 0.1, "seed": 0}
+    names = {gen.generated_filename("advection1d", **(settings | {key: value}))
+             for key, value in [("n_samples", 41), ("resolution", 65), ("coefficient", 0.2), ("seed", 1)]}  # fmt: skip
+    assert len(names) == 4 and gen.generated_filename("advection1d", **settings) not in names
+    with pytest.raises(ValueError, match="pde"):
+        gen.generated_filename("heat1d", **settings)
+
+
+def test_configs_differing_in_n_samples_keep_a_file_each(tmp_path, monkeypatch):
+    from tests.helpers import REPO
+    from train.config import load_config
+    from train.data.sources import stage_data
+
+    def config(n_samples: int):
+        overrides = [f"run.data_dir={tmp_path / 'data'}", f"tasks.advection1d.n_samples={n_samples}"]
+        overrides += ["tasks.darcy2d.n_samples=10", "tasks.darcy2d.resolution=8"]
+        return load_config(REPO / "configs" / "tiny.yaml", overrides)
+
+    staged = stage_data(config(40))["advection1d"]
+    first = staged.train
+    assert first == tmp_path / "data" / "advection1d" / "1D_Advection_Sols_beta0.1_n40_r64_s0.hdf5"
+    # The provenance the run folder gets: the generator's settings, and val/test carved from that file.
+    settings = {"pde": "advection1d", "n_samples": 40, "resolution": 64, "coefficient": 0.1, "seed": 0}
+    origins = staged.provenance.origins
+    assert origins["train"] == {"origin": "generated", "file": str(first), "generator": settings | {"version": 1}}
+    assert origins["test"]["origin"] == "carved" and origins["test"]["carved_from"] == str(first)
+    assert (
+        origins["test"]["convention"]
+        == "PDEBench's single-file convention: test, val, train in sample order; test_fraction=0.1"
+    )
+    assert staged.provenance.warnings == ()
+    before = (first.stat().st_mtime_ns, first.read_bytes())
+    second = stage_data(config(20))["advection1d"].train
+    assert second == first.with_name("1D_Advection_Sols_beta0.1_n20_r64_s0.hdf5")
+    assert gen.generator_params(second)["n_samples"] == 20
+    assert (first.stat().st_mtime_ns, first.read_bytes()) == before, "the other config's file was touched"
+    assert gen.generator_params(first)["n_samples"] == 40
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("regenerated a file that was up to date")
+
+    monkeypatch.setattr(gen, "generate", refuse)
+    assert stage_data(config(40))["advection1d"].train == first  # switching back costs nothing
+    assert (first.stat().st_mtime_ns, first.read_bytes()) == before
+
+
 def test_generator_params_absent_or_unreadable(tmp_path):
     assert gen.generator_params(tmp_path / "missing.hdf5") is None
     (tmp_path / "junk.hdf5").write_bytes(b"not an hdf5 file")

@@ -121,6 +121,50 @@ def test_report_writes_summaries_and_plots(run_dir):
     assert report_is_current(run_dir, checkpoint)
 
 
+def test_the_report_says_where_every_split_came_from(run_dir):
+    names = ["adv", "darcy", "ns"]
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    url = "b2://pdebench/data/full/adv/adv_train.h5"
+    b2 = {"origin": "b2", "file": "/data/adv/train.h5", "samples": [3, 30], "carved": False, "url": url,
+          "bucket": "pdebench", "key": "data/full/adv/adv_train.h5", "size": 123, "sha1": sha,
+          "sha1_verified": True, "uploaded": "2025-05-01T12:00:00.250Z", "file_id": "4_z27"}  # fmt: skip
+    carved = {"origin": "carved", "file": "/data/adv/train.h5", "samples": [0, 3], "carved": True,
+              "carved_from": url, "convention": "PDEBench's single-file convention: test_fraction=0.1"}  # fmt: skip
+    generator = {"coefficient": 1.0, "n_samples": 40, "pde": "darcy2d", "resolution": 16, "seed": 0, "version": 1}
+    generated = {"origin": "generated", "file": "/data/darcy/2D_DarcyFlow_beta1.0_Train_n40_r16_s0.hdf5",
+                 "samples": [4, 40], "carved": False, "generator": generator}  # fmt: skip
+    local = {"origin": "local", "file": "/pdebench/ns_Test.hdf5", "samples": [0, 3], "carved": False, "size": 4096,
+             "modified": "2024-12-31T23:59:59.000Z", "xxh3_128": "ab" * 16}  # fmt: skip
+    warning = "data adv: no test file (tried b2://pdebench/data/adv/test.h5); carving it from the train file"
+    provenance = {
+        "adv": {"data": {"train": b2, "test": carved}, "data_warnings": [warning]},
+        "darcy": {"data": {"train": generated, "test": {**carved, "file": generated["file"]}}, "data_warnings": []},
+        "ns": {"data": {"train": {**local, "file": "/pdebench/ns_Train.hdf5"}, "test": local}, "data_warnings": []},
+    }
+    checkpoint = run_dir / "checkpoints" / "epoch_0002.pt"
+
+    write_report(run_dir, _results(names), checkpoint, _data(names), {}, provenance=provenance)
+
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert summary["adv"]["data"] == {"train": b2, "test": carved}  # the run's record wins over the cache's file
+    assert summary["adv"]["data_warnings"] == [warning] and summary["ns"]["data_warnings"] == []
+    assert summary["darcy"]["data"]["train"]["generator"] == generator
+    assert summary["ns"]["data"]["test"] == local
+    md = (run_dir / "report" / "summary.md").read_text()
+    assert (
+        f"| adv | train | `{url}` (SHA1 {sha}, uploaded 2025-05-01T12:00:00.250Z) | `/data/adv/train.h5` | 3..30 |"
+        in md
+    )
+    assert f"| adv | test | carved from the train file `{url}` (PDEBench's single-file convention" in md
+    assert "| darcy | train | generated (pde=darcy2d, n_samples=40, resolution=16, coefficient=1.0, seed=0, " in md
+    assert "| ns | test | local file (4096 bytes, modified 2024-12-31T23:59:59.000Z) | `/pdebench/ns_Test.hdf5` |" in md
+    assert f"Warnings of the data stage:\n\n- {warning}\n" in md
+    provenance["adv"]["data_warnings"] = []
+    write_report(run_dir, _results(names), checkpoint, _data(names), {}, provenance=provenance)
+    md = (run_dir / "report" / "summary.md").read_text()
+    assert "The data stage gave no warnings." in md and "Warnings of the data stage" not in md
+
+
 def test_time_dependent_tasks_get_an_error_growth_plot(run_dir):
     names = ["adv", "darcy"]
     results = _results(names)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -9,6 +10,7 @@ import pytest
 
 from tests.helpers import REPO
 from train.config import load_config
+from train.data.sources import Provenance
 from train.errors import ConfigError, DataError
 from train.run_dir import LaunchRecord, RunDir, rank_arguments
 
@@ -55,3 +57,40 @@ def test_the_preempted_marker_round_trip(tmp_path):
     assert run.preempted
     run.clear_preempted()
     assert not run.preempted
+
+
+def test_inputs_record_where_each_split_came_from(tmp_path):
+    cache = tmp_path / "cache" / "adv" / "abc"
+    cache.mkdir(parents=True)
+    manifest = {
+        "splits": {
+            "train": {"file": "/old/name.h5", "samples": [4, 40], "carved": False},
+            "val": {"file": "/old/name.h5", "samples": [0, 4], "carved": True},
+            "test": {"file": "/data/test.h5", "samples": [0, 10], "carved": False},
+        },
+        "source": {"train": {"path": "/data/train.h5", "xxh3_128": "aa" * 16}, "test": {"xxh3_128": "bb" * 16}},
+    }
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    b2 = {"origin": "b2", "file": "/data/train.h5", "url": "b2://bkt/p/train.h5", "bucket": "bkt", "key": "p/train.h5"}
+    carved = {"origin": "carved", "file": "/data/train.h5", "carved_from": "b2://bkt/p/train.h5", "convention": "c"}
+    local = {"origin": "local", "file": "/data/test.h5", "size": 7, "modified": "2025-01-02T03:04:05.000Z"}
+    provenance = Provenance({"train": b2, "val": carved, "test": local}, ("data adv: no val file",))
+    folders = {"adv": {"cache": str(cache), "latent": None}, "darcy": {"cache": str(cache), "latent": None}}
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+
+    run.write_inputs(folders, {"adv": provenance, "darcy": None})
+
+    inputs = json.loads(run.inputs.read_text())
+    assert inputs["darcy"] == {"cache": str(cache), "latent": None}  # no provenance, nothing made up
+    assert inputs["adv"] == {
+        "cache": str(cache),
+        "latent": None,
+        "data": {
+            "train": {**b2, "samples": [4, 40], "carved": False, "xxh3_128": "aa" * 16},
+            "val": {**carved, "samples": [0, 4], "carved": True},
+            "test": {**local, "samples": [0, 10], "carved": False, "xxh3_128": "bb" * 16},
+        },
+        "data_warnings": ["data adv: no val file"],
+    }
+    assert run.load_data() == {"adv": {"data": inputs["adv"]["data"], "data_warnings": ["data adv: no val file"]}}

@@ -8,8 +8,8 @@ Guarantees:
 - The expected SHA1 is B2's ``content_sha1`` or, for multipart uploads (``content_sha1`` 'none'), the
   ``large_file_sha1`` file info, which b2sdk itself never checks; local copies are checked against the SHA1 of
   the source computed while reading it. A file whose SHA1 nobody knows is recorded with a warning.
-- A manifest (``<dest folder>/.manifest.json``: size, SHA1 and source per file) makes a re-run a no-op that
-  transfers nothing and does not re-read the local file.
+- A manifest (``<dest folder>/.manifest.json``: size, SHA1, source, file id, upload time per file) makes a
+  re-run a no-op that transfers nothing and does not re-read the local file.
 - B2 credentials come from the environment and never appear in a message, log line, exception or file.
 - Remote names cannot escape their store: ``..``, absolute paths, empty parts and backslashes are refused.
 """
@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -53,6 +53,7 @@ class RemoteFile:
     size: int
     sha1: str | None  # lower-case hex; None when the store does not know it
     version: str | None = None  # identifies the content when there is no SHA1: B2's file id, a local mtime
+    uploaded: int | None = None  # B2's upload_timestamp (milliseconds since the epoch); None for local files
 
 
 class Store(Protocol):
@@ -70,6 +71,8 @@ class FetchResult:
     bytes_transferred: int
     skipped: bool
     sha1: str
+    remote: RemoteFile  # what the store said of the file it holds (the newest stat, after any retry)
+    warnings: list[str] = field(default_factory=list)  # what was logged as a warning on the way, for the run
 
 
 class _Retryable(DataError):
@@ -188,7 +191,7 @@ class B2Store:
         if not sha1 or sha1 == "none":
             sha1 = info.file_info.get("large_file_sha1")
         sha1 = sha1.lower() if sha1 and _SHA1.fullmatch(sha1.lower()) else None
-        return RemoteFile(name, info.size, sha1, info.id_)
+        return RemoteFile(name, info.size, sha1, info.id_, info.upload_timestamp)
 
     def download(self, name: str, dest: Path, progress: Progress | None = None) -> None:
         from b2sdk.v2 import AbstractProgressListener
@@ -255,13 +258,9 @@ def read_manifest(folder: Path) -> dict:
 def _record(dest: Path, entry: dict | None) -> None:
     with _manifest_lock:
         manifest = read_manifest(dest.parent)
-        if manifest.get(dest.name) == entry:
-            return
-        if entry is None:
-            del manifest[dest.name]
-        else:
-            manifest[dest.name] = entry
-        write_json_atomic(dest.parent / MANIFEST, manifest)
+        if manifest.get(dest.name) != entry:
+            manifest.pop(dest.name, None)
+            write_json_atomic(dest.parent / MANIFEST, manifest | ({dest.name: entry} if entry else {}))
 
 
 def _current(store: Store, remote: RemoteFile, dest: Path) -> str | None:
@@ -286,11 +285,11 @@ def _fetch(store: Store, remote: RemoteFile, dest: Path, retries: int, progress:
     """Make ``dest`` hold the store's file ``remote``, verified; a no-op when the manifest says it already does."""
     source = _source(store, remote.name)
     if isinstance(store, LocalStore) and dest.exists() and store.path(remote.name).samefile(dest):
-        return FetchResult(dest, 0, True, _sha1_file(dest))
+        return FetchResult(dest, 0, True, _sha1_file(dest), remote)
     if (recorded := _current(store, remote, dest)) is not None:
         log.info("%s: up to date (%s)", dest, source)
-        return FetchResult(dest, 0, True, recorded)
-    transferred = 0
+        return FetchResult(dest, 0, True, recorded, remote)
+    transferred, warnings = 0, []
     for attempt in range(retries + 1):
         if attempt:
             remote = _stat(store, remote.name)  # the file may have been replaced: expect its new size and SHA1
@@ -317,14 +316,17 @@ def _fetch(store: Store, remote: RemoteFile, dest: Path, retries: int, progress:
                 progress(-sent)
             if attempt == retries:
                 raise DataError(f"{e} (after {retries + 1} attempts; {dest} left as it was)") from None
-            log.warning("%s; trying again (%d/%d)", e, attempt + 1, retries)
+            warnings.append(f"{e}; trying again ({attempt + 1}/{retries})")
+            log.warning("%s", warnings[-1])
             time.sleep(RETRY_DELAY_S * 2**attempt if isinstance(e, _Transient) else 0)
             continue
         if expected is None:
-            log.warning("%s: the store has no SHA1 for this file; recorded %s unverified", source, sha1)
-        _record(dest, {"size": size, "sha1": sha1, "source": source, "version": remote.version})
+            warnings.append(f"{source}: the store has no SHA1 for this file; recorded {sha1} unverified")
+            log.warning("%s", warnings[-1])
+        entry = {"size": size, "sha1": sha1, "verified": expected is not None, "source": source}
+        _record(dest, {**entry, "version": remote.version, "uploaded": remote.uploaded})
         log.info("%s -> %s (%s, sha1 %s)", source, dest, _human(size), sha1)
-        return FetchResult(dest, transferred + sent, False, sha1)
+        return FetchResult(dest, transferred + sent, False, sha1, remote, warnings)
     raise AssertionError("unreachable")
 
 

@@ -71,6 +71,17 @@ def pdebench_filename(pde: str, coefficient: float) -> str:
     return LAYOUTS[pde].generated_file.format(_check_coefficient(pde, coefficient))
 
 
+def generated_filename(pde: str, *, n_samples: int, resolution: int, coefficient: float, seed: int) -> str:
+    """The name :func:`generate`'s output is stored under: PDEBench's name with ``_n{n_samples}_r{resolution}
+    _s{seed}`` before the suffix, e.g. ``1D_Advection_Sols_beta0.1_n40_r64_s0.hdf5``.
+
+    Every setting that decides the bytes is in the name (the coefficient already is in PDEBench's part), so
+    configs that generate one family differently each keep their file instead of regenerating one another's.
+    """
+    stem, _, suffix = pdebench_filename(pde, coefficient).rpartition(".")
+    return f"{stem}_n{int(n_samples)}_r{int(resolution)}_s{int(seed)}.{suffix}"
+
+
 def generator_params(path: str | Path) -> dict | None:
     """The ``generator`` attr of a file written by :func:`generate`; None if absent or unreadable."""
     try:
@@ -254,6 +265,12 @@ def _write_darcy(f: h5py.File, n: int, res: int, beta: float, seed: int) -> None
         tensor[start:stop, 0] = np.stack([darcy_solve(ai, beta) for ai in a])
 
 
+def file_bytes(pde: str, n_samples: int, resolution: int) -> int:
+    """The bytes of the arrays a generated file holds (float32): what the disk must have room for."""
+    per_sample = 2 * resolution**2 if pde == "darcy2d" else N_FRAMES_1D * resolution
+    return 4 * int(n_samples) * per_sample
+
+
 def generate(
     pde: str, path: str | Path, *, n_samples: int, resolution: int, coefficient: float, seed: int
 ) -> dict[str, Any]:
@@ -274,7 +291,7 @@ def generate(
         "seed": int(seed),
         "version": VERSION,
     }
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_path(path, needed=file_bytes(pde, n_samples, resolution)) as tmp, h5py.File(tmp, "w") as f:
         f.attrs["generator"] = json.dumps(params, sort_keys=True)
         if pde == "darcy2d":
             _write_darcy(f, params["n_samples"], params["resolution"], coef, params["seed"])

@@ -5,17 +5,22 @@ Folders and buckets are searched with the task's templates, split by split, firs
 is required; a missing val or test file is carved from the train file by PDEBench's convention for the
 file's family, and the log and the run's report say so. Local files are used in place (the cache is the
 node-local copy); remote ones are downloaded, verified and renamed into ``data/<task>/<split>.h5``.
+
+Every task's files come with their provenance (where each split came from, what the stage warned about),
+which the launcher writes into the run folder: a run can be traced without the data folder.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 from train.config import Config, TaskConfig
 from train.data import download, generate
+from train.data.checksum import ALGORITHM
 from train.data.pdebench import SPLITS
 from train.errors import ConfigError, DataError
 from train.pdes import GENERATED, LAYOUTS
@@ -27,36 +32,138 @@ HDF5_SUFFIXES = (".h5", ".hdf5")
 
 
 @dataclass(frozen=True)
+class Provenance:
+    """Where a task's split files came from and what the data stage warned about, JSON-ready.
+
+    ``origins`` maps each split to a dict with ``origin`` ('b2', 'local', 'generated' or 'carved'), ``file``
+    (the local file read) and the fields of its kind (README, 'Outputs'); never a credential.
+    """
+
+    origins: dict[str, dict]
+    warnings: tuple[str, ...] = ()
+
+    def record(self, cache_manifest: dict) -> dict:
+        """The task's ``data`` and ``data_warnings`` for inputs.json: each origin completed with what the cache
+        stage learnt from the file (its sample range, its xxh3-128 checksum, so big files are hashed once)."""
+        ranges, sums = cache_manifest.get("splits", {}), cache_manifest.get("source", {})
+        data = {}
+        for split, origin in self.origins.items():
+            kind, samples = origin["origin"], ranges.get(split, {}).get("samples")
+            head = {"origin": kind, "file": origin["file"], "samples": samples, "carved": kind == "carved"}
+            checksum = {ALGORITHM: sums[split][ALGORITHM]} if ALGORITHM in sums.get(split, {}) else {}
+            data[split] = head | origin | checksum
+        return {"data": data, "data_warnings": list(self.warnings)}
+
+
+@dataclass(frozen=True)
 class SplitFiles:
     """A task's local file per split; None means the split is carved from the train file."""
 
     train: Path
     val: Path | None = None
     test: Path | None = None
+    provenance: Provenance | None = field(default=None, compare=False, repr=False)
+    """Set by stage_data (not in a dry run); files are equal whatever their provenance."""
 
     def get(self, split: str) -> Path | None:
         return getattr(self, split)
 
 
-def _generate(name: str, task: TaskConfig, data_dir: Path, dry_run: bool) -> SplitFiles:
+@dataclass
+class _Found:
+    """One task's data stage in progress: its files, the origins known before any download, its warnings and the
+    downloads it needs."""
+
+    files: SplitFiles
+    origins: dict[str, dict] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    jobs: list[tuple[download.Store, str, Path]] = field(default_factory=list)
+
+
+def iso_utc(ms: int | None) -> str | None:
+    """Milliseconds since the epoch (B2's upload_timestamp) as ISO-8601 UTC, e.g. 2025-05-01T12:00:00.250Z."""
+    if ms is None:
+        return None
+    moment = datetime.fromtimestamp(ms // 1000, timezone.utc).replace(microsecond=ms % 1000 * 1000)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _warn(warnings: list[str], message: str) -> None:
+    log.warning("%s", message)
+    warnings.append(message)
+
+
+def _local_origin(path: Path) -> dict:
+    st = path.stat()
+    return {
+        "origin": "local",
+        "file": str(path.absolute()),
+        "size": st.st_size,
+        "modified": iso_utc(st.st_mtime_ns // 10**6),
+    }
+
+
+def _b2_origin(dest: Path, entry: dict) -> dict:
+    """A downloaded file's origin, from a record shaped like the data folder's manifest entries."""
+    url = entry["source"]
+    bucket, _, key = url.removeprefix("b2://").partition("/")
+    return {
+        "origin": "b2", "file": str(dest.absolute()), "url": url, "bucket": bucket, "key": key,
+        "size": entry.get("size"), "sha1": entry.get("sha1"), "sha1_verified": entry.get("verified"),
+        "uploaded": iso_utc(entry.get("uploaded")), "file_id": entry.get("version"),
+    }  # fmt: skip
+
+
+def _fetched_origin(store: download.Store, result: download.FetchResult) -> dict:
+    remote = result.remote
+    # B2's SHA1 was checked against the bytes (now, or at the download the manifest vouches for) unless it had none
+    entry = {"source": f"{store.url.rstrip('/')}/{remote.name}", "size": remote.size, "sha1": result.sha1,
+             "verified": remote.sha1 is not None, "version": remote.version, "uploaded": remote.uploaded}  # fmt: skip
+    return _b2_origin(result.dest, entry)
+
+
+def _carved_origin(task: TaskConfig, split: str, train: dict) -> dict:
+    fraction = task.test_fraction if split == "test" else task.val_fraction
+    if LAYOUTS[task.pde].test_first:
+        rule = "single-file convention: test, val, train in sample order"
+    else:
+        rule = "group-per-seed convention: train, val, test in sorted group order"
+    convention = f"PDEBench's {rule}; {split}_fraction={fraction}"
+    return {
+        "origin": "carved",
+        "file": train["file"],
+        "carved_from": train.get("url", train["file"]),
+        "convention": convention,
+    }
+
+
+def generated_path(data_dir: Path, name: str, task: TaskConfig) -> Path:
+    """Where source 'generate' writes a task's file: ``<data_dir>/<task>/`` + generate.generated_filename."""
+    settings = dict(n_samples=task.n_samples, resolution=task.resolution, coefficient=task.coefficient, seed=task.seed)
+    return Path(data_dir) / name / generate.generated_filename(task.pde, **settings)
+
+
+def _generate(name: str, task: TaskConfig, data_dir: Path, dry_run: bool) -> _Found:
     if task.pde not in GENERATED:
         raise ConfigError(
             f"tasks.{name}: pde '{task.pde}' has no local generator ({', '.join(GENERATED)} do); "
             f"set tasks.{name}.source to a PDEBench file, folder or b2:// location"
         )
-    path = data_dir / name / generate.pdebench_filename(task.pde, task.coefficient)
     request = dict(n_samples=task.n_samples, resolution=task.resolution, coefficient=task.coefficient, seed=task.seed)
-    if generate.generator_params(path) == {**request, "pde": task.pde, "version": generate.VERSION}:
+    path = generated_path(data_dir, name, task)
+    params = generate.generator_params(path)
+    if params == {**request, "pde": task.pde, "version": generate.VERSION}:
         log.info("data %s: up to date at %s", name, path)
     elif dry_run:
         print(f"generate {task.n_samples} {task.pde} samples -> {path}")
     else:
         log.info("data %s: generating %d %s samples into %s", name, task.n_samples, task.pde, path)
-        generate.generate(task.pde, path, **request)
-    return SplitFiles(train=path)
+        params = generate.generate(task.pde, path, **request)
+    origin = {"origin": "generated", "file": str(path.absolute()), "generator": params}
+    return _Found(SplitFiles(train=path), {"train": origin})
 
 
-def _single_file(name: str, task: TaskConfig, data_dir: Path, b2_api) -> tuple[SplitFiles, list]:
+def _single_file(name: str, task: TaskConfig, data_dir: Path, b2_api) -> _Found:
     """One file holding the whole dataset: used in place, or downloaded when it is remote."""
     if task.source.startswith("b2://"):
         folder, _, file_name = task.source.rpartition("/")
@@ -64,45 +171,49 @@ def _single_file(name: str, task: TaskConfig, data_dir: Path, b2_api) -> tuple[S
         if store.stat(file_name) is None:
             raise DataError(f"tasks.{name}.source: {task.source} not found")
         dest = data_dir / name / "train.h5"
-        return SplitFiles(train=dest), [(store, file_name, dest)]
+        return _Found(SplitFiles(train=dest), jobs=[(store, file_name, dest)])
     path = Path(task.source.removeprefix("file://")).expanduser()
     if not path.is_file():
         raise DataError(f"tasks.{name}.source: data file '{path}' not found; fix the path or use 'generate'")
     log.info("data %s: using %s", name, path)
-    return SplitFiles(train=path), []
+    return _Found(SplitFiles(train=path), {"train": _local_origin(path)})
 
 
-def _downloaded_earlier(name: str, task: TaskConfig, data_dir: Path) -> SplitFiles | None:
+def _downloaded_earlier(name: str, task: TaskConfig, data_dir: Path) -> _Found | None:
     """Without B2 credentials, the files an earlier run downloaded from this source, if the train file is one."""
     folder = data_dir / name
     manifest = download.read_manifest(folder)
-    found = {}
+    found, origins = {}, {}
     for split in SPLITS:
         entry = manifest.get(f"{split}.h5")
         path = folder / f"{split}.h5"
         ok = entry and entry.get("source", "").startswith(task.source.rstrip("/") + "/") and path.is_file()
         found[split] = path if ok and path.stat().st_size == entry.get("size") else None
+        if found[split] is not None:
+            origins[split] = _b2_origin(path, entry)
     if found["train"] is None:
         return None
-    log.warning(
-        "data %s: B2 credentials are not set; using the files downloaded earlier from %s (%s). Set "
-        "B2_APPLICATION_KEY_ID and B2_APPLICATION_KEY to check them against the bucket.",
-        name, task.source, ", ".join(s for s in SPLITS if found[s]),
-    )  # fmt: skip
-    return SplitFiles(**found)
+    result = _Found(SplitFiles(**found), origins)
+    _warn(
+        result.warnings,
+        f"data {name}: B2 credentials are not set; using the files downloaded earlier from {task.source} "
+        f"({', '.join(s for s in SPLITS if found[s])}). Set B2_APPLICATION_KEY_ID and B2_APPLICATION_KEY to check "
+        "them against the bucket.",
+    )
+    return result
 
 
-def _search(name: str, task: TaskConfig, data_dir: Path, b2_api) -> tuple[SplitFiles, list]:
+def _search(name: str, task: TaskConfig, data_dir: Path, b2_api) -> _Found:
     """Find each split's file under a folder or bucket with the task's templates."""
     credentials = os.environ.get("B2_APPLICATION_KEY_ID") and os.environ.get("B2_APPLICATION_KEY")
     if task.source.startswith("b2://") and b2_api is None and not credentials:
         earlier = _downloaded_earlier(name, task, data_dir)
         if earlier is not None:
-            return earlier, []
+            return earlier
     store = download.open_store(task.source, b2_api)
     remote = task.source.startswith("b2://")
     found: dict[str, Path | None] = {}
-    jobs = []
+    origins, warnings, jobs = {}, [], []
     for split in SPLITS:
         tried = []
         for template in task.templates:
@@ -115,6 +226,7 @@ def _search(name: str, task: TaskConfig, data_dir: Path, b2_api) -> tuple[SplitF
                 jobs.append((store, rel, found[split]))
             else:
                 found[split] = store.path(rel)  # a local file is read in place
+                origins[split] = _local_origin(found[split])
             break
         else:
             found[split] = None
@@ -126,29 +238,48 @@ def _search(name: str, task: TaskConfig, data_dir: Path, b2_api) -> tuple[SplitF
                 )
             family = "single-file" if LAYOUTS[task.pde].test_first else "group-per-seed"
             position = "first" if LAYOUTS[task.pde].test_first else "last"
-            log.warning(
-                "data %s: no %s file (tried %s); carving it from the train file by PDEBench's %s convention "
-                "(the %s samples)",
-                name, split, ", ".join(tried), family, position,
-            )  # fmt: skip
+            _warn(
+                warnings,
+                f"data {name}: no {split} file (tried {', '.join(tried)}); carving it from the train file by "
+                f"PDEBench's {family} convention (the {position} samples)",
+            )
     assert found["train"] is not None
-    return SplitFiles(train=found["train"], val=found["val"], test=found["test"]), jobs
+    return _Found(SplitFiles(train=found["train"], val=found["val"], test=found["test"]), origins, warnings, jobs)
+
+
+def _with_provenance(found: _Found, task: TaskConfig, fetched: dict[Path, tuple]) -> SplitFiles:
+    origins, warnings = dict(found.origins), list(found.warnings)
+    for split in SPLITS:
+        path = found.files.get(split)
+        if path is not None and path in fetched:
+            store, result = fetched[path]
+            origins[split] = _fetched_origin(store, result)
+            warnings += result.warnings
+    for split in SPLITS:
+        if found.files.get(split) is None:
+            origins[split] = _carved_origin(task, split, origins["train"])
+    provenance = Provenance({split: origins[split] for split in SPLITS}, tuple(warnings))
+    return replace(found.files, provenance=provenance)
 
 
 def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, SplitFiles]:
-    """Make every task's split files available locally; with ``dry_run`` only print what would be fetched."""
+    """Make every task's split files available locally; with ``dry_run`` only print what would be fetched.
+
+    Each task's SplitFiles carries its ``provenance`` (not in a dry run, which fetches nothing)."""
     data_dir = Path(cfg.run.data_dir)
-    files, jobs = {}, []
+    found: dict[str, _Found] = {}
     for name, task in cfg.tasks.items():
         if task.source == "generate":
-            files[name] = _generate(name, task, data_dir, dry_run)
-            continue
-        single = task.source.lower().endswith(HDF5_SUFFIXES)
-        files[name], task_jobs = (_single_file if single else _search)(name, task, data_dir, b2_api)
-        jobs += task_jobs
+            found[name] = _generate(name, task, data_dir, dry_run)
+        elif task.source.lower().endswith(HDF5_SUFFIXES):
+            found[name] = _single_file(name, task, data_dir, b2_api)
+        else:
+            found[name] = _search(name, task, data_dir, b2_api)
+    jobs = [job for f in found.values() for job in f.jobs]
     if dry_run:
         for line in download.describe(jobs) if jobs else ["nothing to download"]:
             print(line)
-    elif jobs:
-        download.fetch_all(jobs, lock_dir=data_dir)
-    return files
+        return {name: f.files for name, f in found.items()}
+    results = download.fetch_all(jobs, lock_dir=data_dir) if jobs else []
+    fetched = {result.dest: (store, result) for (store, _, _), result in zip(jobs, results, strict=True)}
+    return {name: _with_provenance(f, cfg.tasks[name], fetched) for name, f in found.items()}

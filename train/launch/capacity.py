@@ -83,19 +83,24 @@ def checkpoint_bytes(cfg: Config) -> int:
 def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> list[tuple[Path, int, list[str]]]:
     """(an existing folder on it, bytes needed, the configured folders) per filesystem: checkpoints kept plus
     one being written, and each missing cache (about its source file's size)."""
-    from train.data import generate
+    from train.data.generate import file_bytes
+    from train.data.sources import generated_path
 
     needs = {Path(cfg.run.runs_dir): (cfg.train.keep_checkpoints + 1) * checkpoint_bytes(cfg)}
-    cache_need = 0
+    cache_need = data_need = 0
     for name, task in cfg.tasks.items():
         if caches.get(name) is None:
             if task.source == "generate":
-                source = Path(cfg.run.data_dir) / name / generate.pdebench_filename(task.pde, task.coefficient)
+                source = generated_path(Path(cfg.run.data_dir), name, task)
+                generated = file_bytes(task.pde, task.n_samples, task.resolution)
+                size = source.stat().st_size if source.is_file() else generated
+                data_need += 0 if source.is_file() else generated
             else:
                 source = Path(task.source.removeprefix("file://")).expanduser()
-            cache_need += source.stat().st_size if source.is_file() else 0
+                size = source.stat().st_size if source.is_file() else 0
+            cache_need += size
     needs[Path(cfg.run.cache_dir)] = cache_need
-    needs.setdefault(Path(cfg.run.data_dir), 0)
+    needs[Path(cfg.run.data_dir)] = needs.get(Path(cfg.run.data_dir), 0) + data_need
     by_device: dict[int, tuple[Path, int, list[str]]] = {}
     for folder, need in needs.items():
         root = _existing(folder)

@@ -1,5 +1,5 @@
-"""The run's report in run_dir/report: summary.json (per task metrics), summary.md (the same, for people)
-and the PNG plots it embeds (loss curves, one field comparison per task)."""
+"""The run's report in run_dir/report: summary.json (per task metrics and where the data came from),
+summary.md (the same, for people) and the PNG plots it embeds (loss curves, one field comparison per task)."""
 
 from __future__ import annotations
 
@@ -41,9 +41,15 @@ def write_report(
     data: dict[str, dict[str, dict]],
     examples: dict[str, dict[str, np.ndarray]],
     split: str = "test",
+    provenance: dict[str, dict] | None = None,
 ) -> None:
-    """``results``: evaluate_split's; ``data``: per task, where each split came from (file, sample range,
-    carved or not); ``examples``: per task, evaluate.example_prediction's fields (a task may be absent)."""
+    """``results``: evaluate_split's; ``data``: per task, the cache's record of each split (file, sample range,
+    carved or not); ``examples``: per task, evaluate.example_prediction's fields (a task may be absent);
+    ``provenance``: per task, the run's record of where its data came from (RunDir.load_data: each split's
+    origin, which takes precedence over the cache's record, and the data stage's warnings)."""
+    provenance = provenance or {}
+    data = {name: _with_origins(splits, provenance.get(name, {}).get("data", {})) for name, splits in data.items()}
+    warnings = {name: p["data_warnings"] for name, p in provenance.items() if "data_warnings" in p}
     report = run_dir / "report"
     loss = _plot(plots.loss_curves, run_dir / "metrics.jsonl", report / LOSS_PNG)
     growth = _plot(plots.error_growth, results, report / GROWTH_PNG)
@@ -56,11 +62,50 @@ def write_report(
             + ([GROWTH_PNG] if name in rollouts else [])
             + ([field_png(name)] if made else [])
         )
-    markdown = _markdown(run_dir, results, checkpoint, data, split, loss, growth, task_plots)
+    markdown = _markdown(run_dir, results, checkpoint, data, warnings, split, loss, growth, task_plots)
     write_text_atomic(report / "summary.md", markdown)
     # summary.json last: report_is_current takes its time as the report's.
-    summary = {name: {**_strict(r), "data": data[name], "plots": task_plots[name]} for name, r in results.items()}
+    summary = {
+        name: {
+            **_strict(r),
+            "data": data[name],
+            **({"data_warnings": warnings[name]} if name in warnings else {}),
+            "plots": task_plots[name],
+        }
+        for name, r in results.items()
+    }
     write_json_atomic(report / "summary.json", summary)
+
+
+def _with_origins(splits: dict[str, dict], origins: dict[str, dict]) -> dict[str, dict]:
+    # The run's record wins: a cache is shared by every file with the same bytes, so the file it names may be
+    # another (an earlier name of it, another run's download) than the one this run read.
+    order = ("train", "val", "test")
+    ordered = sorted(splits, key=lambda split: order.index(split) if split in order else len(order))
+    return {split: {**splits[split], **origins.get(split, {})} for split in ordered}
+
+
+def _origin(d: dict) -> str:
+    """How a split was obtained, for the Data table."""
+    kind = d.get("origin")
+    if kind == "b2":
+        verified = ", not verified" if d.get("sha1_verified") is False else ""
+        return f"`{d['url']}` (SHA1 {d.get('sha1') or 'unknown'}{verified}, uploaded {d.get('uploaded') or 'unknown'})"
+    if kind == "local":
+        return f"local file ({d.get('size')} bytes, modified {d.get('modified')})"
+    if kind == "generated":
+        params = d.get("generator") or {}
+        first = [k for k in ("pde", "n_samples", "resolution", "coefficient", "seed") if k in params]
+        settings = ", ".join(f"{k}={params[k]}" for k in first + sorted(params.keys() - set(first)))
+        return f"generated ({settings or 'settings unknown'})"
+    if kind == "carved" or d.get("carved"):
+        where = f" `{d['carved_from']}`" if d.get("carved_from") else ""
+        return f"carved from the train file{where} ({d.get('convention', 'PDEBench convention')})"
+    return ""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def _plot(function, *args) -> bool:
@@ -90,7 +135,7 @@ def _fmt(value) -> str:
 
 
 def _markdown(
-    run_dir, results, checkpoint, data, split, loss: bool, growth: bool, task_plots: dict[str, list[str]]
+    run_dir, results, checkpoint, data, warnings, split, loss: bool, growth: bool, task_plots: dict[str, list[str]]
 ) -> str:
     lines = [
         f"# Run `{run_dir.name}`: {split} metrics",
@@ -112,12 +157,19 @@ def _markdown(
         base_cells = " | ".join(_fmt(r[f"baseline_{k}"]) for k in HEADINGS)
         lines.append(f"| {name} | {model} | {model_cells} | {r['n_samples']} |")
         lines.append(f"| {name} | baseline | {base_cells} | {r['n_samples']} |")
-    lines += ["", "## Data", "", "| task | split | file | samples | |", "|---|---|---|---|---|"]
+    lines += ["", "## Data", "", "| task | split | origin | file read | samples |", "|---|---|---|---|---|"]
     for name, splits in data.items():
         for split_name, d in splits.items():
             start, stop = d["samples"]
-            how = "carved from the train file (PDEBench convention)" if d["carved"] else ""
-            lines.append(f"| {name} | {split_name} | `{d['file']}` | {start}..{stop} | {how} |")
+            lines.append(f"| {name} | {split_name} | {_cell(_origin(d))} | `{_cell(d['file'])}` | {start}..{stop} |")
+    if warnings:
+        # the data stage's own warnings name their task ("data <task>: ..."), a download's its URL
+        found = [
+            f"- {text}" if text.startswith(f"data {name}:") else f"- {name}: {text}"
+            for name, texts in warnings.items()
+            for text in texts
+        ]
+        lines += ["", "Warnings of the data stage:" if found else "The data stage gave no warnings.", "", *found]
     lines += ["", "## Plots", ""]
     if loss:
         lines += [f"![loss curves]({LOSS_PNG})", ""]
