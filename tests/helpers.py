@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -154,3 +155,32 @@ def unavailable(reason: str, required_by: str) -> None:
     if os.environ.get(required_by, "") not in ("", "0"):
         pytest.fail(f"{reason} ({required_by} is set)")
     pytest.skip(reason)
+
+
+def mount_namespace_problem() -> str | None:
+    """Why a private mount namespace with a tmpfs of its own cannot be made here (root and unshare are
+    needed), or None when it can."""
+    if shutil.which("unshare") is None:
+        return "the unshare command (util-linux) is not installed"
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        return f"a private mount namespace is not permitted here: {probe.stderr.strip()}"
+    return None
+
+
+def in_namespace_with_tmpfs(
+    folder: Path, size: str, *command: str, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """Run ``command`` in a private mount namespace where ``folder`` is a fresh tmpfs of ``size`` (e.g. '4m'):
+    a small disk (or /dev/shm) that nothing outside the command sees."""
+    script = f'mount -t tmpfs -o size={size} tmpfs "{folder}" && exec "$@"'
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", *command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )

@@ -7,8 +7,10 @@ are deleted only after a newer one is safely on disk.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import re
 import shutil
 import time
@@ -25,6 +27,8 @@ log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^step_(\d{8,})\.pt$")
 BEST = "best.pt"
+CORRUPT = "corrupt"
+"""The subfolder unreadable checkpoints are moved into."""
 
 # The named components of a training checkpoint.
 MODEL = "model"
@@ -80,10 +84,21 @@ def latest_checkpoint(folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def state_bytes(state: Any) -> int:
+    """The bytes of every tensor in a (nested) state: about what torch.save writes, for a full disk's message."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(v) for v in state)
+    return 0
+
+
 def save_checkpoint(folder: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write ``state`` atomically as step_NNNNNNNN.pt, then delete all but the newest ``keep``."""
     final = folder / checkpoint_name(step)
-    with atomic_path(final) as tmp:
+    with atomic_path(final, needed=state_bytes(state)) as tmp:
         torch.save(state, tmp)
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
@@ -93,7 +108,7 @@ def save_checkpoint(folder: Path, step: int, state: dict[str, Any], keep: int) -
 
 def save_best(folder: Path, state: dict[str, Any]) -> Path:
     final = folder / BEST
-    with atomic_path(final) as tmp:
+    with atomic_path(final, needed=state_bytes(state)) as tmp:
         torch.save(state, tmp)
     return final
 
@@ -104,8 +119,61 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # any unreadable file gets the same advice
         raise DataError(
-            f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); delete it to fall back to the previous one"
+            f"checkpoint {path} cannot be read ({type(e).__name__}: {e}). Re-run the same command: before the "
+            f"ranks start, the launcher moves an unreadable checkpoint into {path.parent / CORRUPT}/ (it deletes "
+            "none) and continues from the newest readable one"
         ) from None
+
+
+def unreadable(path: Path) -> str | None:
+    """Why ``path`` cannot be loaded as a checkpoint, or None when it can. Memory-mapped: a truncated or
+    overwritten file fails on its archive's directory or its pickled structure without reading every tensor."""
+    try:
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # every way a file can be unusable
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return None
+
+
+def set_aside(path: Path) -> Path:
+    """Move ``path`` into ``<its folder>/corrupt/`` under its name and the UTC time: kept for inspection,
+    never deleted, and no longer found by the checkpoint patterns."""
+    dest = path.parent / CORRUPT / f"{path.name}.{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    dest.parent.mkdir(exist_ok=True)
+    os.replace(path, dest)  # a rename within one folder tree
+    return dest
+
+
+def set_aside_unreadable(folder: Path) -> list[Path]:
+    """Before a launch resumes or evaluates: move each unreadable newest step checkpoint aside (down to the
+    newest readable one) and an unreadable best.pt, warning for each; returns where they went. A run whose
+    newest checkpoint was cut short or overwritten continues from the one before it instead of stopping."""
+    moved = []
+    step_files = list_checkpoints(folder)
+    for i in range(len(step_files) - 1, -1, -1):
+        reason = unreadable(step_files[i])
+        if reason is None:
+            break
+        with contextlib.suppress(FileNotFoundError):  # another node's launcher on a shared folder was first
+            moved.append(dest := set_aside(step_files[i]))
+            before = step_files[i - 1].name if i else "none: training starts over"
+            log.warning(
+                "checkpoint %s cannot be read (%s); moved to %s. Continuing from the one before it (%s)",
+                step_files[i].name, reason, dest, before,
+            )  # fmt: skip
+    best = folder / BEST
+    if best.is_file() and (reason := unreadable(best)) is not None:
+        with contextlib.suppress(FileNotFoundError):
+            moved.append(dest := set_aside(best))
+            newest = latest_checkpoint(folder)
+            log.warning(
+                "%s cannot be read (%s); moved to %s. best.pt is the checkpoint with the best validation score, "
+                "the one evaluation scores: until a later validation improves on that score and writes a new "
+                "best.pt, evaluation scores the newest step checkpoint (%s) instead, and the report names it. To "
+                "score the best one, put an intact copy back as %s (with run.remote, the remote keeps one)",
+                best.name, reason, dest, newest.name if newest else "none yet", best,
+            )  # fmt: skip
+    return moved
 
 
 def checkpoint_for_evaluation(folder: Path) -> Path | None:

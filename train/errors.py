@@ -27,6 +27,15 @@ class PreflightError(TrainError):
     exit_code = 4
 
 
+class DiskFullError(PreflightError):
+    """A write failed because its file system is full (or over quota); built by ``train.disk``, wherever the
+    write was, after its partial file was removed: nothing is lost, free space and re-run."""
+
+    def __init__(self, message: str, path=None, free: int | None = None, needed: int | None = None):
+        super().__init__(message)
+        self.path, self.free, self.needed = path, free, needed
+
+
 class DistributedError(TrainError):
     """A rank failed, timed out or disagreed with the others."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from train.checkpoint import archive_checkpoints, latest_checkpoint
+from train.checkpoint import archive_checkpoints, latest_checkpoint, set_aside_unreadable
 from train.config import BUILT_IN_MODELS, Config
 from train.data.cache import CacheInfo, build_cache, building_caches, write_window_index
 from train.data.sources import SplitFiles, stage_data
@@ -117,8 +117,10 @@ def _launch_stages(
     folders = stage_cache(cfg, sources)
     session.between_stages()
     run.prepare(cfg)
-    run.write_inputs(folders)
+    run.write_inputs(folders, {name: files.provenance for name, files in sources.items()})
     stages = []
+    if cfg.train.resume != "never" or command == "evaluate":
+        set_aside_unreadable(run.checkpoints)  # resume or score the newest readable checkpoint, not stop
     if command in ("run", "fit"):
         if cfg.train.resume == "never":
             archive_checkpoints(run.checkpoints)

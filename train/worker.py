@@ -12,6 +12,7 @@ import sys
 
 from train.checkpoint import MODEL, checkpoint_for_evaluation, load_checkpoint
 from train.config import Config
+from train.disk import as_disk_full
 from train.distributed.env import DistEnv, destroy_distributed, init_distributed, rank_from_environ
 from train.distributed.error_file import record, record_error
 from train.distributed.lifeline import hold_for_launcher
@@ -42,7 +43,8 @@ def evaluate(cfg: Config, env: DistEnv, tasks: list[TaskData], run: RunDir) -> N
         )  # fmt: skip
     if env.is_main:
         examples = {t.name: example_prediction(model, t, "test") for t in tasks if t.info.sizes["test"]}
-        write_report(run.root, results, path, {t.name: t.info.splits for t in tasks}, examples)
+        splits = {t.name: t.info.splits for t in tasks}
+        write_report(run.root, results, path, splits, examples, provenance=run.load_data())
         log.info("report written to %s", run.report)
 
 
@@ -83,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         # The launcher reads this file to name the failing rank's error in its summary.
         record_error(e)
         return e.exit_code
-    except Exception:
+    except Exception as e:
+        full = as_disk_full(e, run.root)  # a write anywhere (metrics, logs, the report) on a full disk
+        if full is not None:
+            log.error("%s", full)
+            record_error(full)
+            return full.exit_code
         log.exception("unexpected error")  # the traceback in this rank's log file; @record writes the error file
         raise
     finally:

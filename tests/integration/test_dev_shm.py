@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, folders, run_cli
+from tests.helpers import REPO, folders, in_namespace_with_tmpfs, mount_namespace_problem, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -54,21 +54,9 @@ run:
 """
 
 
-def _namespace_problem() -> str | None:
-    """Why a private /dev/shm cannot be mounted here, or None when it can."""
-    if shutil.which("unshare") is None:
-        return "the unshare command (util-linux) is not installed"
-    probe = subprocess.run(
-        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True, text=True
-    )
-    if probe.returncode != 0:
-        return f"a private mount namespace is not permitted here: {probe.stderr.strip()}"
-    return None
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    problem = _namespace_problem()
+    problem = mount_namespace_problem()
     if problem is not None:
         if os.environ.get("CI"):
             pytest.fail(f"the /dev/shm proof must run in CI, but {problem}")
@@ -85,15 +73,8 @@ def setup(tmp_path_factory):
 
 def in_small_shm(*command: str, timeout: float = 900) -> dict:
     """Run tests/shm_probe.py COMMAND in a private namespace with a 64 MB /dev/shm; its JSON result."""
-    script = f'mount -t tmpfs -o size={SHM_MB}m tmpfs /dev/shm && exec "$@"'
-    proc = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, "sh", sys.executable, str(REPO / "tests" / "shm_probe.py"), *command],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    probe = [sys.executable, str(REPO / "tests" / "shm_probe.py"), *command]
+    proc = in_namespace_with_tmpfs(Path("/dev/shm"), f"{SHM_MB}m", *probe, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["shm_size"] == SHM_MB << 20, "the probe must see the namespace's tmpfs, not the host's /dev/shm"
@@ -132,11 +113,8 @@ def test_a_preloaded_shared_cache_fails_in_the_same_namespace(setup):
 
 
 def doctor_in_small_shm(args: list[str], *extra: str) -> subprocess.CompletedProcess:
-    script = f'mount -t tmpfs -o size={SHM_MB}m tmpfs /dev/shm && exec "$@"'
     command = [sys.executable, "-m", "train", "doctor", *args, *extra]
-    return subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, "sh", *command], capture_output=True, text=True, timeout=120, cwd=REPO
-    )
+    return in_namespace_with_tmpfs(Path("/dev/shm"), f"{SHM_MB}m", *command, timeout=120)
 
 
 def test_the_doctor_sizes_dev_shm_from_the_cache_and_fails_where_it_is_too_small(setup):

@@ -7,9 +7,10 @@ import json
 import re
 
 import pytest
+import torch
 
 from tests.helpers import folders, run_cli
-from train.checkpoint import BEST, latest_checkpoint, list_checkpoints, load_checkpoint
+from train.checkpoint import BEST, MODEL, latest_checkpoint, list_checkpoints, load_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +75,32 @@ def test_weighted_sampling_with_accumulation_trains_and_logs_every_task(tmp_path
     records = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if "loss" in r]
     assert all(r["loss/darcy2d"] is not None for r in train_records)
+
+
+def test_an_unreadable_checkpoint_is_set_aside_and_the_run_goes_on_from_the_newest_readable_one(tmp_path):
+    first = run_cli("fit", *TINY, *folders(tmp_path))  # checkpoints at steps 5 and 10, and best.pt
+    assert first.returncode == 0, first.stderr[-4000:]
+    checkpoints = tmp_path / "runs" / "tiny" / "checkpoints"
+    newest = checkpoints / "step_00000010.pt"
+    straight = load_checkpoint(newest)[MODEL]
+    cut = newest.read_bytes()[: newest.stat().st_size // 2]
+    newest.write_bytes(cut)  # cut short, as a full disk or an interrupted copy leaves a file
+
+    again = run_cli("fit", *TINY, *folders(tmp_path))
+    assert again.returncode == 0, again.stderr[-4000:]  # it was exit 3: "delete it"
+    assert "checkpoint step_00000010.pt cannot be read" in again.stderr
+    assert "Continuing from the one before it (step_00000005.pt)" in again.stderr
+    assert f"resumed from {checkpoints / 'step_00000005.pt'}" in again.stderr
+    (kept,) = (checkpoints / "corrupt").glob("step_00000010.pt.*")
+    assert kept.read_bytes() == cut  # moved aside, never deleted
+    redone = load_checkpoint(newest)[MODEL]
+    assert all(torch.equal(redone[k], straight[k]) for k in straight)  # the same step 10, trained again
+
+    (checkpoints / BEST).write_bytes(b"not a checkpoint")
+    scored = run_cli("evaluate", *TINY, *folders(tmp_path))
+    assert scored.returncode == 0, scored.stderr[-4000:]
+    assert "best.pt cannot be read" in scored.stderr
+    assert "evaluation scores the newest step checkpoint (step_00000010.pt) instead" in scored.stderr
+    assert "delete" not in scored.stderr
+    assert len(list((checkpoints / "corrupt").glob("best.pt.*"))) == 1
+    assert "Checkpoint: `step_00000010.pt`" in (tmp_path / "runs" / "tiny" / "report" / "summary.md").read_text()

@@ -194,6 +194,25 @@ def test_generated_darcy_cache(tmp_path):
     np.testing.assert_allclose(info.array("train", "y"), y_ref[3:], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("umask", [0o002, 0o022])
+def test_a_cache_gets_the_modes_of_the_umask_so_a_shared_cache_serves_every_user(tmp_path, umask):
+    src = tmp_path / "adv.hdf5"
+    write_tensor(src, advection_data())
+    old = os.umask(umask)
+    try:
+        info = build_cache("adv", task("advection1d", initial_step=2), src, tmp_path / "cache")
+    finally:
+        os.umask(old)
+    paths = [tmp_path / "cache", *(tmp_path / "cache").rglob("*")]
+    assert info.path in paths and len(paths) > 6
+    wrong = {
+        str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777)
+        for p in paths
+        if p.stat().st_mode & 0o777 != (0o777 if p.is_dir() else 0o666) & ~umask
+    }
+    assert not wrong, f"not the umask's modes (a folder owner-only keeps other users out): {wrong}"
+
+
 def test_constant_channel_does_not_divide_by_zero(tmp_path):
     data = np.full((10, 4, 8), 2.5, np.float32)
     info = build_cache("c", task(), write_tensor(tmp_path / "c.hdf5", data), tmp_path / "cache")

@@ -27,6 +27,7 @@ from train.data.checksum import ALGORITHM, ChecksumMemo
 from train.data.node_lock import node_lock
 from train.data.pdebench import LAYOUTS, SPLITS, open_reader, split_ranges
 from train.data.sources import SplitFiles
+from train.disk import disk_full_error, reserve
 from train.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,22 @@ def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bo
     return plan
 
 
+def mapped_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 .npy file of ``shape``, memory-mapped for writing, its blocks allocated first: a write through
+    the map to a full disk would kill the process with SIGBUS, while the reservation fails with a DiskFullError
+    naming the file and the bytes it needs."""
+    array = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
+    try:
+        reserve(path)
+    except OSError as e:
+        del array
+        full = disk_full_error(e, path, needed=path.stat().st_size)
+        if full is None:
+            raise
+        raise full from e
+    return array
+
+
 def _normalise(array: np.ndarray, mean: np.ndarray, std: np.ndarray) -> None:
     """(x - mean) / std in place, per channel, in pieces small enough for the CPU cache (two passes each)."""
     mean32, std32 = mean.astype(np.float32), std.astype(np.float32)
@@ -280,9 +297,7 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
                 for part, block in blocks.items():
                     if (split, part) not in arrays:
                         shape = (len(samples), *block.shape[1:])
-                        arrays[split, part] = np.lib.format.open_memmap(
-                            folder / array_name(split, part), mode="w+", dtype=np.float32, shape=shape
-                        )
+                        arrays[split, part] = mapped_array(folder / array_name(split, part), shape)
                     if split == "train":
                         stats[part].update(block)
                     else:

@@ -19,6 +19,7 @@ from train.config import Config
 from train.errors import (
     ConfigError,
     DataError,
+    DiskFullError,
     DistributedError,
     Preempted,
     PreflightError,
@@ -33,7 +34,8 @@ log = logging.getLogger(__name__)
 # What a signal usually means here, for the failure summary.
 SIGNAL_HINTS = {
     signal.SIGBUS: "often /dev/shm exhausted (Docker defaults to 64 MB: run with --shm-size or ipc: host; "
-    "`python -m train doctor` says how much this config needs)",
+    "`python -m train doctor` says how much this config needs), or a memory-mapped file on a full disk (df -h "
+    "the run, cache and data folders)",
     signal.SIGKILL: "killed from outside, often the host's out-of-memory killer (check dmesg)",
     signal.SIGSEGV: "a native crash (library version mismatch or a bug in an extension)",
     signal.SIGABRT: "aborted, e.g. by NCCL's watchdog after a collective timed out (DEBUG=1 dumps its flight recorder)",
@@ -163,7 +165,7 @@ def _first_error(failure) -> str:
 # Errors a rank raises for a cause it found itself (a bad setting, bad data, an unusable machine): never the
 # consequence of another rank's failure, whatever the others died of afterwards. Read from the error file the
 # rank recorded, because the agent may SIGTERM a rank still tearing down after such an error.
-OWN_CAUSES = {cls.__name__: cls.exit_code for cls in (ConfigError, DataError, PreflightError)}
+OWN_CAUSES = {cls.__name__: cls.exit_code for cls in (ConfigError, DataError, PreflightError, DiskFullError)}
 
 
 def own_cause_code(failure) -> int | None:
@@ -252,7 +254,7 @@ def launch(run: RunDir, nproc: int, cfg: Config, worker_args: list[str], module:
             ) from None
         failures = sorted(e.failures.items(), key=lambda item: (_blame_order(item[1]), item[1].timestamp, item[0]))
         lines = [describe_failure(rank, failure) for rank, failure in failures]
-        summary = "training failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run.logs}"
+        summary = f"{_what(module, worker_args)} failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run.logs}"
         raise WorkerFailure(exit_code_of(failures[0][1]), summary) from None
     except SignalException as e:
         _stopped_by_signal(run, e.sigval, cfg)
@@ -267,6 +269,14 @@ def launch(run: RunDir, nproc: int, cfg: Config, worker_args: list[str], module:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def _what(module: str, worker_args: list[str]) -> str:
+    """What the ranks were doing, for the first line of a failure: training, evaluation or the smoke test."""
+    if module != "train.worker":
+        return "the smoke test"
+    stages = worker_args[worker_args.index("--stages") + 1].split(",") if "--stages" in worker_args else ["fit"]
+    return "training" if "fit" in stages else "evaluation"
 
 
 def _stopped_by_signal(run: RunDir, sig: signal.Signals, cfg: Config) -> None:

@@ -15,12 +15,11 @@ import logging
 import shutil
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from train.atomic import atomic_dir, write_json_atomic
 from train.checkpoint import CONFIG, MODEL, SPECS
-from train.data.cache import CacheInfo
+from train.data.cache import CacheInfo, mapped_array
 from train.data.checksum import hash_file
 from train.data.dataset import LATENT_FORMAT, MANIFEST, TOKENS, LatentInfo, training_dataset
 from train.errors import ConfigError
@@ -108,7 +107,7 @@ def _write(folder: Path, info: CacheInfo, spec: TaskSpec, d_model: int, encoder:
     codec.to(device).eval()
     dataset = training_dataset(info, "train", spec.initial_step)
     tokens = codec.position.shape[1]
-    out = np.lib.format.open_memmap(folder / TOKENS, mode="w+", dtype=np.float32, shape=(len(dataset), tokens, d_model))
+    out = mapped_array(folder / TOKENS, (len(dataset), tokens, d_model))
     step = max(1, _BLOCK_BYTES // (tokens * d_model * 4))
     for start in range(0, len(dataset), step):
         batch = dataset.__getitems__(range(start, min(start + step, len(dataset))))

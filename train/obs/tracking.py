@@ -53,7 +53,8 @@ def outcome_of(error: BaseException | None) -> Outcome:
     if isinstance(error, KeyboardInterrupt):
         return Outcome("failed", 130, "interrupted (Ctrl-C)")
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    # A rank failure reads "training failed:" and then one line per rank, the first to blame first.
+    # A rank failure reads "training failed:" (or evaluation, the smoke test) and then one line per rank, the
+    # first to blame first.
     first = lines[1] if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
     if not isinstance(error, TrainError):
         first = f"{type(error).__name__}: {first}"
