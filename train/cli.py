@@ -6,8 +6,10 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from train.config import load_config
+from train.disk import as_disk_full
 from train.errors import StopRequested, TrainError
 from train.launch.stop import stop_on_signals
 from train.obs.log import setup_logging
@@ -31,6 +33,13 @@ OTHER_COMMANDS = {
 LAUNCHING = ("run", "fit", "evaluate", "smoke")
 
 
+def _nproc(value: str) -> str:
+    """--nproc (NPROC): a usage error (exit 2) when it is neither auto nor a positive number."""
+    if value.strip() == "auto" or (value.strip().isdigit() and int(value) >= 1):
+        return value.strip()
+    raise argparse.ArgumentTypeError(f"{value!r} is not a process count: use auto or a number >= 1 (NPROC=2)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m train", description="Multi-task PDE surrogate training with DDP.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -47,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
         )
         c.add_argument("--run", help="run name (folder under run.runs_dir); default: the config file's stem")
         if name != "slurm":
-            c.add_argument("--nproc", default=None, help="processes per node: auto (default) or a number")
+            c.add_argument("--nproc", default=None, type=_nproc, help="processes per node: auto (default) or a number")
         if name in STAGE_COMMANDS:
             c.add_argument(
                 "--dry-run", action="store_true", help="print what the data stage would fetch from where, then stop"
@@ -81,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        full = as_disk_full(e, Path.cwd())  # a write no stage foresaw (a log, a record) on a full disk
+        if full is None:
+            raise
+        print(f"error: {full}", file=sys.stderr)
+        return full.exit_code
     return 0
 
 

@@ -402,9 +402,32 @@ _Loader.add_implicit_resolver(
 
 def parse_yaml(text: str, origin: str) -> Any:
     try:
+        _refuse_duplicate_keys(yaml.compose(text, Loader=_Loader), origin)
         return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ConfigError(f"{origin}: not valid YAML: {e}") from None
+
+
+def _refuse_duplicate_keys(node: yaml.Node | None, origin: str, path: tuple[str, ...] = ()) -> None:
+    """YAML lets a repeated key replace the first silently: a second ``train:`` section drops every key of the
+    first. Any key twice in one mapping, at any depth, is an error naming both lines."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, origin, (*path, str(i)))
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+        if key is not None and key in seen:
+            where = ".".join((*path, key))
+            raise ConfigError(
+                f"{origin}: '{where}' appears twice, at line {seen[key]} and line {key_node.start_mark.line + 1}; "
+                "YAML would silently keep only the second (a whole section, when it is one). Merge the two into one"
+            )
+        if key is not None:
+            seen[key] = key_node.start_mark.line + 1
+        _refuse_duplicate_keys(value_node, origin, (*path, key or "?"))
 
 
 def apply_override(tree: dict, override: str) -> None:
@@ -452,34 +475,49 @@ def _walk(loc: tuple) -> tuple[list[str], list[str]]:
 _MOVED = {"train.compile": "compile.enabled", "train.compile_mode": "compile.mode"}
 
 
-def _describe(errors: list[dict]) -> list[str]:
+def _describe(errors: list[dict]) -> list[tuple[str, str]]:
+    """Each problem as (the key path it is about, a line for the user)."""
     by_path: dict[str, list[dict]] = {}
     lines = []
     for error in errors:
         loc = tuple(error["loc"])
         if error["type"] == "extra_forbidden":
             path, _ = _walk(loc)
-            _, valid = _walk(loc[:-1])
+            section, valid = _walk(loc[:-1])
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
-            hint = f" (did you mean '{'.'.join(path[:-1] + close)}'?)" if close else ""
             if ".".join(path) in _MOVED:
                 hint = f" (moved: use '{_MOVED['.'.join(path)]}')"
-            lines.append(f"unknown key '{'.'.join(path)}'{hint}")
+            elif close:
+                hint = f" (did you mean '{'.'.join(path[:-1] + close)}'?)"
+            else:
+                hint = f" (the keys of {'.'.join(section) or 'the top level'} are: {', '.join(valid)})"
+            lines.append((".".join(path), f"unknown key '{'.'.join(path)}'{hint}"))
         elif error["type"] == "missing":
-            lines.append(f"missing required key '{'.'.join(_walk(loc)[0])}'")
+            where = ".".join(_walk(loc)[0])
+            lines.append((where, f"missing required key '{where}'"))
         elif error["type"] == "value_error":
             where = ".".join(_walk(loc)[0])
             msg = error["msg"].removeprefix("Value error, ")
-            lines.append(f"'{where}': {msg}" if where else msg)
+            lines.append((where, f"'{where}': {msg}" if where else msg))
         else:
             by_path.setdefault(".".join(_walk(loc)[0]), []).append(error)
     for path, errs in by_path.items():
         msgs = " or ".join(dict.fromkeys(e["msg"] for e in errs))
-        lines.append(f"'{path}': {msgs} (got {errs[0].get('input')!r})")
+        lines.append((path, f"'{path}': {msgs} (got {errs[0].get('input')!r})"))
     return lines
 
 
-def validate(tree: Any, origin: str) -> Config:
+def _override_of(path: str, overrides: dict[str, str]) -> str | None:
+    """The --set override that set ``path``, a section above it, or a key below it."""
+    for key, override in overrides.items():
+        if path == key or path.startswith(key + ".") or (path and key.startswith(path + ".")):
+            return override
+    return None
+
+
+def validate(tree: Any, origin: str, overrides: dict[str, str] | None = None) -> Config:
+    """The typed config of ``tree``; ``overrides``: the --set overrides applied to it by key path, so that a
+    problem they caused is blamed on them rather than on the file."""
     if tree is None:
         tree = {}
     if not isinstance(tree, dict):
@@ -487,7 +525,12 @@ def validate(tree: Any, origin: str) -> Config:
     try:
         return Config.model_validate(tree)
     except pydantic.ValidationError as e:
-        problems = "\n".join(f"  - {line}" for line in _describe(e.errors()))
+        found = [(line, _override_of(path, overrides or {})) for path, line in _describe(e.errors())]
+        if all(override for _, override in found):  # the file is fine: name the overrides alone
+            where = "--set " + ", --set ".join(dict.fromkeys(override for _, override in found))
+            problems = "\n".join(f"  - {line}" for line, _ in found)
+            raise ConfigError(f"{where}: invalid override of {origin}:\n{problems}") from None
+        problems = "\n".join(f"  - {line}{f' (set by --set {o})' if o else ''}" for line, o in found)
         raise ConfigError(f"{origin}: invalid config:\n{problems}") from None
 
 
@@ -509,13 +552,15 @@ def load_config(path: str | Path | None, overrides: list[str] = (), run_name: st
             tree.setdefault("run", {})
             if isinstance(tree["run"], dict):
                 tree["run"] = {**tree["run"], "name": path.stem}
+    set_by = {}
     for override in overrides:
         apply_override(tree, override)
+        set_by[override.partition("=")[0].strip()] = override
     if run_name is not None:
         if not isinstance(tree.get("run", {}), dict):
             raise ConfigError(f"{origin}: 'run' must be a section")
         tree["run"] = {**tree.get("run", {}), "name": run_name}
-    return validate(tree, origin)
+    return validate(tree, origin, set_by)
 
 
 def to_yaml(config: Config) -> str:

@@ -32,6 +32,21 @@ def test_missing_config_file_exits_2(tmp_path):
     assert "nope.yaml" in proc.stderr and "not found" in proc.stderr
 
 
+@pytest.mark.parametrize("command", ["doctor", "run"])
+def test_a_process_count_that_is_no_number_is_a_usage_error(tmp_path, command):
+    proc = run_cli(command, "--config", "configs/tiny.yaml", "--nproc", "abc", *folders(tmp_path))
+    assert proc.returncode == 2, proc.stderr  # it was 4, as if the machine were at fault
+    assert "--nproc: 'abc' is not a process count: use auto or a number >= 1" in proc.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_failure_of_evaluation_alone_says_evaluation(tmp_path):
+    proc = run_cli("evaluate", "--config", "configs/tiny.yaml", "--nproc", "2", *folders(tmp_path))
+    assert proc.returncode == 3, proc.stderr[-3000:]  # nothing trained yet: no checkpoint to score
+    assert "error: evaluation failed:" in proc.stderr and "training failed" not in proc.stderr
+    assert "no checkpoint in" in proc.stderr
+
+
 def test_missing_data_file_exits_3(tmp_path):
     cfg = write_yaml(tmp_path / "c.yaml", f"tasks:\n  a:\n    pde: advection1d\n    source: {tmp_path}/missing.hdf5\n")
     proc = run_cli("run", "--config", str(cfg), *folders(tmp_path))

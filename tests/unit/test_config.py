@@ -215,11 +215,43 @@ def test_moved_key_says_where_it_went(minimal, old, new):
         load_config(minimal, [f"{old}=default"])
 
 
-def test_unknown_key_without_a_close_match_has_no_suggestion(minimal):
+def test_unknown_key_without_a_close_match_lists_the_keys_of_its_section(minimal):
     with pytest.raises(ConfigError) as e:
         load_config(minimal, ["train.zzzzqqq=1"])
     assert "unknown key 'train.zzzzqqq'" in str(e.value)
     assert "did you mean" not in str(e.value)
+    assert f"(the keys of train are: {', '.join(TrainConfig.model_fields)})" in str(e.value)
+    with pytest.raises(ConfigError, match=r"the keys of tasks\.adv are: pde, source, "):
+        load_config(minimal, ["tasks.adv.qqqzzz=1"])
+    with pytest.raises(ConfigError, match=r"the keys of the top level are: tasks, model, "):
+        load_config(minimal, ["qqqzzz.x=1"])
+
+
+def test_an_error_in_an_override_names_the_override_not_the_file(minimal):
+    with pytest.raises(ConfigError) as e:
+        load_config(minimal, ["train.log_every=3", "train.epochs=abc"])
+    first_line = str(e.value).splitlines()[0]
+    assert first_line == f"--set train.epochs=abc: invalid override of {minimal}:"
+    # A file's own error stays the file's; an override's beside it is marked as such.
+    path = _write(minimal.parent / "bad.yaml", MINIMAL + "model:\n  dropout: high\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["train.epochs=abc"])
+    assert str(e.value).startswith(f"{path}: invalid config:")
+    assert "'train.epochs': Input should be a valid integer (got 'abc') (set by --set train.epochs=abc)" in str(e.value)
+    assert "'model.dropout'" in str(e.value) and "high') (set by" not in str(e.value)
+
+
+def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path):
+    path = _write(tmp_path / "c.yaml", MINIMAL + "train:\n  epochs: 2\nmodel:\n  name: fno\ntrain:\n  lr: 0.001\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert f"{path}: 'train' appears twice, at line 8 and line 12" in str(e.value)
+    assert e.value.exit_code == 2
+    nested = _write(tmp_path / "d.yaml", MINIMAL.replace("batch_size: 8", "batch_size: 8\n    batch_size: 4"))
+    with pytest.raises(ConfigError, match=r"'tasks\.adv\.batch_size' appears twice, at line 4 and line 5"):
+        load_config(nested)
+    with pytest.raises(ConfigError, match=r"override 'model\.fno=\{modes: 4, modes: 8\}'.*'modes' appears twice"):
+        load_config(None, ["model.fno={modes: 4, modes: 8}"])
 
 
 def test_unknown_section_in_file(tmp_path):
