@@ -40,13 +40,6 @@ def test_a_process_count_that_is_no_number_is_a_usage_error(tmp_path, command):
     assert not (tmp_path / "data").exists()
 
 
-def test_a_failure_of_evaluation_alone_says_evaluation(tmp_path):
-    proc = run_cli("evaluate", "--config", "configs/tiny.yaml", "--nproc", "2", *folders(tmp_path))
-    assert proc.returncode == 3, proc.stderr[-3000:]  # nothing trained yet: no checkpoint to score
-    assert "error: evaluation failed:" in proc.stderr and "training failed" not in proc.stderr
-    assert "no checkpoint in" in proc.stderr
-
-
 def test_missing_data_file_exits_3(tmp_path):
     cfg = write_yaml(tmp_path / "c.yaml", f"tasks:\n  a:\n    pde: advection1d\n    source: {tmp_path}/missing.hdf5\n")
     proc = run_cli("run", "--config", str(cfg), *folders(tmp_path))

@@ -20,7 +20,8 @@ def test_an_error_raised_in_the_ranks_keeps_its_code_and_first_message(tmp_path)
     # Evaluating before training: every rank raises a DataError (exit 3) naming the missing checkpoint.
     proc = run_cli("evaluate", "--config", "configs/tiny.yaml", "--nproc", "2", *folders(tmp_path), timeout=300)
     assert proc.returncode == 3, proc.stderr[-3000:]
-    summary = proc.stderr.split("training failed:", 1)[1]
+    assert "training failed" not in proc.stderr  # evaluation alone failed, and says so
+    summary = proc.stderr.split("error: evaluation failed:", 1)[1]
     assert "exited with code 3: " in summary and "no checkpoint in" in summary
     assert f"per-rank logs: {tmp_path / 'runs' / 'tiny' / 'logs'}" in summary
     torchrun_logs = list((tmp_path / "runs" / "tiny" / "logs" / "torchrun").rglob("stderr.log"))

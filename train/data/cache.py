@@ -259,10 +259,11 @@ def mapped_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
     try:
         reserve(path)
     except OSError as e:
-        del array
         full = disk_full_error(e, path, needed=path.stat().st_size)
-        if full is None:
-            raise
+        if full is None:  # a file system that cannot allocate ahead: written as it comes, as before
+            log.debug("cache: %s could not be allocated ahead (%s)", path, e)
+            return array
+        del array
         raise full from e
     return array
 

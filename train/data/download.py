@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from train.atomic import atomic_path, write_json_atomic
 from train.data.node_lock import node_lock
+from train.disk import looks_full
 from train.errors import ConfigError, DataError, PreflightError, TrainError
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,8 @@ class LocalStore:
                     if progress:
                         progress(len(chunk))
         except OSError as e:
+            if looks_full(e):  # the caller's atomic write names the file, the free and the needed space
+                raise
             raise DataError(f"{self.url}/{name}: cannot copy to {dest.parent}: {e.strerror or e}") from None
         return h.hexdigest()
 
@@ -302,7 +305,7 @@ def _fetch(store: Store, remote: RemoteFile, dest: Path, retries: int, progress:
                 progress(n)
 
         try:
-            with atomic_path(dest) as tmp:
+            with atomic_path(dest, needed=remote.size) as tmp:
                 source_sha1 = store.download(remote.name, tmp, progress=count)
                 size, expected = tmp.stat().st_size, remote.sha1 or source_sha1
                 if size != remote.size:

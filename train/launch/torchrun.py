@@ -273,7 +273,7 @@ def launch(run: RunDir, nproc: int, cfg: Config, worker_args: list[str], module:
 
 def _what(module: str, worker_args: list[str]) -> str:
     """What the ranks were doing, for the first line of a failure: training, evaluation or the smoke test."""
-    if module != "train.worker":
+    if module == "train.smoke_worker":
         return "the smoke test"
     stages = worker_args[worker_args.index("--stages") + 1].split(",") if "--stages" in worker_args else ["fit"]
     return "training" if "fit" in stages else "evaluation"

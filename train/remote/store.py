@@ -20,7 +20,7 @@ from pathlib import Path
 
 from train.atomic import atomic_path, fsync_dir
 from train.data.download import B2Store, LocalStore, RemoteFile, check_name
-from train.errors import ConfigError, DataError
+from train.errors import ConfigError, DataError, DiskFullError
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,10 @@ class FolderRemote(_Verifying, LocalStore):
         final = self.path(name)
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(final) as tmp:
+            with atomic_path(final, needed=local.size) as tmp:
                 shutil.copyfile(local.path, tmp)
+        except DiskFullError as e:  # the remote's disk, not this machine's: an upload to retry, never a stop
+            raise UploadFailed(f"{self.url}/{name}: {e}") from None
         except OSError as e:
             raise UploadFailed(f"{self.url}/{name}: {e.strerror or e}") from None
 
