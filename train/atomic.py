@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from train.disk import disk_full_error, free_bytes
+from train.errors import StopRequested
 
 
 def fsync_dir(directory: Path) -> None:
@@ -63,6 +64,7 @@ def atomic_path(final: Path | str, needed: int | None = None) -> Iterator[Path]:
         finally:
             os.close(fd)
         yield tmp
+        StopRequested.check()  # a stop whose exception was lost inside the write (a finalizer) still discards it
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -91,6 +93,7 @@ def atomic_dir(final: Path | str, needed: int | None = None) -> Iterator[Path]:
         # mkdtemp makes the folder owner-only; a cache shared by the users of a machine needs the umask's mode.
         os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
+        StopRequested.check()
         for path in tmp.iterdir():
             if path.is_file():
                 with open(path, "rb+") as f:

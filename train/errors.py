@@ -55,3 +55,12 @@ class StopRequested(BaseException):
     ``except Exception`` on the way may swallow it."""
 
     exit_code = 75
+    pending: str | None = None
+    """The message of the stop a signal requested, kept as well as raised: an exception raised while Python runs
+    a finalizer (an h5py or numpy object freed mid-write) is only printed, and the stop would be lost."""
+
+    @classmethod
+    def check(cls) -> None:
+        """Raise the requested stop again, for loops and stage boundaries: a no-op unless a signal asked."""
+        if cls.pending is not None:
+            raise cls(cls.pending)

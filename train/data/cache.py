@@ -28,7 +28,7 @@ from train.data.node_lock import node_lock
 from train.data.pdebench import LAYOUTS, SPLITS, open_reader, split_ranges
 from train.data.sources import SplitFiles
 from train.disk import disk_full_error, reserve
-from train.errors import DataError
+from train.errors import DataError, StopRequested
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +294,7 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
             reader, samples, _ = plan[split]
             offset = 0
             for inputs, targets in reader.iter_blocks(samples):
+                StopRequested.check()
                 blocks = {"": inputs} if layout.autoregressive else {"x": inputs, "y": targets}
                 for part, block in blocks.items():
                     if (split, part) not in arrays:

@@ -36,6 +36,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from train.atomic import atomic_path
+from train.errors import StopRequested
 from train.pdes import GENERATED, LAYOUTS
 
 VERSION = 1
@@ -237,6 +238,7 @@ def _write_1d(f: h5py.File, pde: str, n: int, nx: int, coef: float, seed: int) -
     tensor = f.create_dataset("tensor", shape=(n, N_FRAMES_1D, nx), dtype=np.float32)
     step = _chunk(N_FRAMES_1D * nx)
     for start in range(0, n, step):
+        StopRequested.check()
         stop = min(start + step, n)
         p = _ic_params(seed, start, stop)
         if pde == "advection1d":
@@ -259,6 +261,7 @@ def _write_darcy(f: h5py.File, n: int, res: int, beta: float, seed: int) -> None
     chunks = [(start, min(start + step, n)) for start in range(0, n, step)]
     threshold = np.concatenate([_darcy_noise(seed, s, e, res).mean(axis=(1, 2)) for s, e in chunks]).mean()
     for start, stop in chunks:
+        StopRequested.check()
         # solve with the float32 values the file stores, so that (nu, tensor) is exactly one consistent pair
         a = np.where(_smooth(_darcy_noise(seed, start, stop, res)) > threshold, 1.0, 0.1).astype(np.float32)
         nu[start:stop] = a

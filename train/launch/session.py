@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from train.config import Config
+from train.errors import StopRequested
 from train.launch.node_barrier import NodeBarrier
 from train.launch.run_lock import RunLock
 from train.launch.topology import topology_from_environ
@@ -26,14 +27,17 @@ class LaunchSession:
         return self.barrier is not None and self.barrier.hosting
 
     def between_stages(self) -> None:
-        """End now when another node already failed."""
+        """End now when a stop was requested or another node already failed."""
+        StopRequested.check()
         if self.barrier is not None:
             self.barrier.check_peers()
 
     def ready_to_launch(self) -> None:
-        """Wait for every node to be ready to start its ranks."""
+        """Wait for every node to be ready to start its ranks (none starts after a stop request)."""
+        StopRequested.check()
         if self.barrier is not None:
             self.barrier.wait_for_all()
+        StopRequested.check()
 
 
 @contextlib.contextmanager

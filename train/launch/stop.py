@@ -29,19 +29,23 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
     # interrupt the cleanup of the first one.
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    raise StopRequested(
+    StopRequested.pending = (
         f"stopped by {name} outside the training (preparing data, caches or the launch); nothing was lost and "
         "temporary files were removed: re-run the same command to continue"
     )
+    raise StopRequested(StopRequested.pending)
 
 
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Turn SIGTERM and SIGUSR1 into StopRequested for the duration of the block (main thread only)."""
+    StopRequested.pending = None
     previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
     try:
         yield
+        StopRequested.check()  # a stop whose exception was lost still ends the command with its exit code
     finally:
+        StopRequested.pending = None
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

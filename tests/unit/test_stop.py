@@ -1,0 +1,52 @@
+"""A stop request (SIGTERM, SIGUSR1) before the ranks run ends the command with exit 75 even when the exception
+its signal raised was lost: Python only prints an exception raised while it runs a finalizer."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from train.atomic import atomic_path
+from train.data.generate import generate
+from train.errors import StopRequested
+from train.launch.stop import stop_on_signals
+
+
+@pytest.fixture
+def lost_stop():
+    """The state a signal leaves behind when its exception was swallowed: the request recorded, nothing raised."""
+    with stop_on_signals():
+        StopRequested.pending = "stopped by SIGUSR1 outside the training"
+        try:
+            yield
+        finally:
+            StopRequested.pending = None
+
+
+def test_a_signal_raises_and_records_the_stop():
+    before = signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(StopRequested, match="stopped by SIGUSR1"), stop_on_signals():
+        os.kill(os.getpid(), signal.SIGUSR1)
+        signal.pause()  # the handler raises here
+    assert StopRequested.pending is None, "the record ends with the block"
+    assert signal.getsignal(signal.SIGUSR1) == before, "the handler before the block is back"
+
+
+def test_a_lost_stop_still_discards_the_write_in_flight(tmp_path, lost_stop):
+    with pytest.raises(StopRequested), atomic_path(tmp_path / "x.json") as tmp:
+        tmp.write_text("{}")
+    assert list(tmp_path.iterdir()) == [], "no file under its final name, no temporary file"
+
+
+def test_a_lost_stop_ends_a_generation_at_its_next_chunk(tmp_path, lost_stop):
+    with pytest.raises(StopRequested):
+        generate("darcy2d", tmp_path / "d.hdf5", n_samples=4, resolution=16, coefficient=1.0, seed=0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lost_stop_ends_the_command_with_its_exit_code_at_the_end_of_the_block():
+    with pytest.raises(StopRequested), stop_on_signals():
+        StopRequested.pending = "stopped by SIGTERM outside the training"  # the exception itself was lost
+    assert StopRequested.pending is None
