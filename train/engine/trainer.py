@@ -206,23 +206,24 @@ class Trainer:
         if s.done(cfg.train.epochs):
             log.info("training already complete (global step %d)", s.global_step)
             return
-        log.info(
-            "training from epoch %d step %d: %d step(s) per epoch x %d micro-batch(es), %d rank(s), tasks %s "
-            "(%s), precision %s",
-            s.epoch + 1,
-            s.step_in_epoch,
-            self.steps,
-            self.micro,
-            env.world_size,
-            ", ".join(self.names),
-            "one drawn per rank and step" if self.weighted else "all in every step",
-            self.precision.name,
-        )
         self.model.train()
         total = self.steps * cfg.train.epochs
         bar = Progress(total, s.global_step, "train", enabled=env.is_main, live=live_console)
         try:
             with StopRequest(env.device) as stop, bar:
+                # Said once a stop request is handled (a checkpoint, exit 75): before, a signal ends the rank.
+                log.info(
+                    "training from epoch %d step %d: %d step(s) per epoch x %d micro-batch(es), %d rank(s), tasks "
+                    "%s (%s), precision %s",
+                    s.epoch + 1,
+                    s.step_in_epoch,
+                    self.steps,
+                    self.micro,
+                    env.world_size,
+                    ", ".join(self.names),
+                    "one drawn per rank and step" if self.weighted else "all in every step",
+                    self.precision.name,
+                )
                 while not s.done(cfg.train.epochs):
                     self._epoch(stop, sinks, bar)
         finally:
