@@ -178,3 +178,25 @@ def test_a_known_credential_under_an_innocent_name_is_redacted():
 def test_a_password_seen_in_a_url_is_a_known_credential_elsewhere():
     env = {"DATABASE_URL": "postgres://u:s3cretpw@h/db", "PGOPTS": "-p s3cretpw"}
     assert redacted_environ(env)["PGOPTS"] == "-p <redacted>"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (
+            "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=c2VjcmV0a2V5MTIz==;EndpointSuffix=core.net",
+            "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=<redacted>;EndpointSuffix=core.net",
+        ),
+        (
+            "BlobEndpoint=https://a.blob.core.net/;SharedAccessSignature=sv=2022&ss=b&sig=AbC%2Fd3f",
+            "BlobEndpoint=https://a.blob.core.net/;SharedAccessSignature=<redacted>",
+        ),
+        ("Server=db;User Id=me;Password=hunter2hunter2;", "Server=db;User Id=me;Password=<redacted>;"),
+        ("https://b.net/c/x.h5?sv=2022&sig=AbCdEf%3D&se=2027", "https://b.net/c/x.h5?sv=2022&sig=<redacted>&se=2027"),
+    ],
+)
+def test_the_secret_parts_of_a_connection_string_or_signed_url_are_redacted(value, expected):
+    env = {"AZURE_STORAGE_CONNECTION_STRING": value, "NOTES": f"copied: {value}"}
+    redacted = redacted_environ(env)
+    assert redacted["AZURE_STORAGE_CONNECTION_STRING"] == expected
+    assert "hunter2" not in redacted["NOTES"] and "c2VjcmV0" not in redacted["NOTES"] and "AbC" not in redacted["NOTES"]

@@ -22,6 +22,18 @@ NOT_SECRET = frozenset({"PWD", "OLDPWD", "SSH_AUTH_SOCK"})
 # unescaped @ in it cannot leave its tail readable. The scheme is taken whole (never from its middle): trying every
 # letter of a long value as a scheme's first would take quadratic time.
 URL_PASSWORD = re.compile(r"(?P<head>(?<![A-Za-z0-9+.-])[A-Za-z0-9+.-]+://[^\s/?#@:]*:)(?P<password>[^\s/?#]+)@")
+# Credentials inside a value: a connection string's Key=value parts (Azure's AccountKey=...;, SharedAccessSignature=,
+# a database's Password=...;) run to the next ';'; a signed URL's query parameters (sig=, X-Amz-Signature=) to '&'.
+SETTING_SECRET = re.compile(
+    r"(?P<head>(?<![A-Za-z0-9])(?:AccountKey|SharedAccessKey|SharedAccessSignature|Password|Pwd|AccessKey|SecretKey"
+    r"|ClientSecret|ApiKey)\s*=\s*)(?P<password>[^;\s]+)",
+    re.IGNORECASE,
+)
+QUERY_SECRET = re.compile(
+    r"(?P<head>[?&](?:sig|signature|token|access_token|X-Amz-Signature|X-Amz-Security-Token|X-Goog-Signature)=)"
+    r"(?P<password>[^&\s;]+)",
+    re.IGNORECASE,
+)
 # Shorter known values (KEY=1, a port) would blank common substrings everywhere.
 MIN_KNOWN_LENGTH = 6
 
@@ -42,19 +54,22 @@ def redacted_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment for debug logs, sorted by name, with credentials replaced by <redacted>.
 
     A variable named like a credential loses its whole value; in every other value the password of a URL
-    (scheme://user:<redacted>@host) and any copy of a known credential (the value of a variable redacted by
+    (scheme://user:<redacted>@host), a connection string's secret parts (AccountKey=<redacted>;), a signed URL's
+    signature (?sig=<redacted>) and any copy of a known credential (the value of a variable redacted by
     name, or a URL's password, of 6 characters or more) are replaced.
     """
     secret = {name for name in environ if secret_name(name)}
     # Credentials get copied under innocent names (BACKUP_ARGS="--key $B2_APPLICATION_KEY"): hide every copy.
     known = {environ[name] for name in secret}
-    known |= {m["password"] for value in environ.values() for m in URL_PASSWORD.finditer(value)}
+    inside = (URL_PASSWORD, SETTING_SECRET, QUERY_SECRET)
+    known |= {m["password"] for value in environ.values() for pattern in inside for m in pattern.finditer(value)}
     # Longest first, so that a credential holding a shorter one is hidden whole.
     longest_first = sorted((k for k in known if len(k) >= MIN_KNOWN_LENGTH), key=len, reverse=True)
     copies = re.compile("|".join(map(re.escape, longest_first))) if longest_first else None
 
     def clean(value: str) -> str:
         value = URL_PASSWORD.sub(rf"\g<head>{REDACTED}@", value)
+        value = QUERY_SECRET.sub(rf"\g<head>{REDACTED}", SETTING_SECRET.sub(rf"\g<head>{REDACTED}", value))
         return copies.sub(REDACTED, value) if copies else value
 
     return {name: REDACTED if name in secret else clean(value) for name, value in sorted(environ.items())}
