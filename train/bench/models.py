@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from train import run_files
 from train.bench import machine_figures, save_result
 from train.config import Config, load_config
 from train.data.sources import stage_data
@@ -84,7 +85,7 @@ def _launch(cfg: Config, folders: dict, stages: str) -> RunDir:
 
 def step_time(run: RunDir, after: int) -> float:
     """Median step time of rank 0's logging windows that start after step ``after``."""
-    windows = [r for r in read_metrics(run.root / "metrics.jsonl") if "step_time_s" in r]
+    windows = [r for r in read_metrics(run.root / run_files.METRICS) if "step_time_s" in r]
     steady = [r["step_time_s"] for r in windows if r["step"] - LOG_EVERY >= after] or [
         r["step_time_s"] for r in windows
     ]

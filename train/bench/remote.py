@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from train import run_files
 from train.bench import machine_figures, save_result
 from train.bench.trainer_step import RANKS, config, prepare
 from train.config import Config
@@ -67,7 +68,7 @@ def timed_launch(cfg: Config, folders: dict, warmup: int, api) -> dict:
             in_time = list(mirror.mirrored)  # verified while the ranks trained
         mirrored = mirror.mirrored
         assert (read_pointer(remote) or {}).get("checkpoint"), "the benchmark's remote holds no checkpoint"
-    windows = [r for r in read_metrics(run.root / "metrics.jsonl") if "step_time_s" in r]
+    windows = [r for r in read_metrics(run.root / run_files.METRICS) if "step_time_s" in r]
     steady = [r["step_time_s"] for r in windows if r["step"] - cfg.train.log_every >= warmup]
     if not steady:
         raise RuntimeError(f"no metrics window after {warmup} warmup steps in {run.root / 'metrics.jsonl'}")

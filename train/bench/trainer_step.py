@@ -19,6 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from train import run_files
 from train.bench import machine_figures, save_result
 from train.config import Config, load_config
 from train.data.sources import stage_data
@@ -71,7 +72,7 @@ def ours(cfg: Config, folders: dict, warmup: int) -> dict:
     """One launch of the trainer; its figures from rank 0's metrics records."""
     run = prepare(cfg, folders)
     launch(run, RANKS, cfg, ["--stages", "fit"], module="train.worker")
-    records = read_metrics(run.root / "metrics.jsonl")
+    records = read_metrics(run.root / run_files.METRICS)
     windows = [r for r in records if "step_time_s" in r]
     # A record at step s covers the log_every steps up to s: keep the windows that start after warmup.
     steady = [r for r in windows if r["step"] - cfg.train.log_every >= warmup]

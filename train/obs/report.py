@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from train import run_files
 from train.atomic import write_json_atomic, write_text_atomic
 from train.obs import plots
 
@@ -50,8 +51,8 @@ def write_report(
     provenance = provenance or {}
     data = {name: _with_origins(splits, provenance.get(name, {}).get("data", {})) for name, splits in data.items()}
     warnings = {name: p["data_warnings"] for name, p in provenance.items() if "data_warnings" in p}
-    report = run_dir / "report"
-    loss = _plot(plots.loss_curves, run_dir / "metrics.jsonl", report / LOSS_PNG)
+    report = run_dir / run_files.REPORT
+    loss = _plot(plots.loss_curves, run_dir / run_files.METRICS, report / LOSS_PNG)
     growth = _plot(plots.error_growth, results, report / GROWTH_PNG)
     rollouts = plots.rollout_tasks(results) if growth else []
     task_plots = {}
@@ -63,7 +64,7 @@ def write_report(
             + ([field_png(name)] if made else [])
         )
     markdown = _markdown(run_dir, results, checkpoint, data, warnings, split, loss, growth, task_plots)
-    write_text_atomic(report / "summary.md", markdown)
+    write_text_atomic(report / run_files.SUMMARY_MD, markdown)
     # summary.json last: report_is_current takes its time as the report's.
     summary = {
         name: {
@@ -74,7 +75,7 @@ def write_report(
         }
         for name, r in results.items()
     }
-    write_json_atomic(report / "summary.json", summary)
+    write_json_atomic(report / run_files.SUMMARY, summary)
 
 
 def _with_origins(splits: dict[str, dict], origins: dict[str, dict]) -> dict[str, dict]:
@@ -190,10 +191,10 @@ def _markdown(
 
 def report_is_current(run_dir: Path, checkpoint: Path | None) -> bool:
     """The report was written from the newest checkpoint (it is newer than that checkpoint)."""
-    summary = run_dir / "report" / "summary.json"
+    summary = run_dir / run_files.REPORT / run_files.SUMMARY
     return checkpoint is not None and summary.is_file() and summary.stat().st_mtime_ns >= checkpoint.stat().st_mtime_ns
 
 
 def read_summary(run_dir: Path) -> dict[str, dict]:
     """The per-task metrics of the run's report (report/summary.json)."""
-    return json.loads((run_dir / "report" / "summary.json").read_text())
+    return json.loads((run_dir / run_files.REPORT / run_files.SUMMARY).read_text())

@@ -8,6 +8,8 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+from train import run_files
+
 # Keys that place a record rather than measure something: not plotted as scalars.
 POSITION_KEYS = frozenset({"step", "epoch"})
 
@@ -77,7 +79,7 @@ class MetricSinks:
             run_dir.mkdir(parents=True, exist_ok=True)
             # Opened here rather than on the first write: a run directory we cannot write to should stop the
             # run before any training, not after the first logging interval.
-            self._jsonl = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 - lives as long as the run
+            self._jsonl = open(run_dir / run_files.METRICS, "a")  # noqa: SIM115 - lives as long as the run
 
     def write(self, record: dict) -> None:
         """Append ``record`` as one JSON line and add its finite numbers (all but step/epoch) as scalars.
@@ -105,7 +107,7 @@ class MetricSinks:
 
             assert self._run_dir is not None
             self._tensorboard = SummaryWriter(
-                logdir=str(self._run_dir / "tensorboard"), flush_secs=self._flush_secs, purge_step=first_step
+                logdir=str(self._run_dir / run_files.TENSORBOARD), flush_secs=self._flush_secs, purge_step=first_step
             )
         return self._tensorboard
 

@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from train import run_files
 from train.atomic import write_json_atomic
 from train.config import Config
 from train.errors import ConfigError, Preempted, PreflightError, StopRequested, TrainError
@@ -30,7 +31,7 @@ from train.obs.sinks import POSITION_KEYS
 
 log = logging.getLogger(__name__)
 
-STATE = "wandb.json"
+STATE = run_files.WANDB_STATE
 FORWARD_EVERY_S = 5.0
 
 
@@ -152,7 +153,7 @@ class WandbRun:
     def forward(self) -> None:
         """Send every whole line metrics.jsonl gained since the last call."""
         with self._lock:
-            path = self.root / "metrics.jsonl"
+            path = self.root / run_files.METRICS
             try:
                 with open(path, "rb") as f:
                     if f.seek(0, 2) < self.offset:  # a shorter file (restored from an older mirror): start over
