@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +118,23 @@ def write_text_atomic(final: Path | str, text: str) -> None:
 
 def write_json_atomic(final: Path | str, obj: object) -> None:
     write_text_atomic(final, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+STALE_AFTER_S = 3600
+"""A temporary file nobody wrote to for this long belongs to a writer that was killed (SIGKILL, a lost machine)."""
+
+
+def sweep_stale_temporaries(folder: Path, older_than_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the temporary files of atomic writes under ``folder`` that no writer touched for ``older_than_s``:
+    what a killed process left behind (a signal ends writers cleanly, but SIGKILL cannot be caught). A live
+    writer's file is fresher than that, so a launcher on another node writing into a shared folder keeps its own."""
+    removed = []
+    if not folder.is_dir():
+        return removed
+    now = time.time()
+    for path in folder.rglob(".*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_file() and now - path.stat().st_mtime > older_than_s:
+                path.unlink()
+                removed.append(path)
+    return removed

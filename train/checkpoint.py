@@ -8,6 +8,7 @@ are deleted only after a newer one is safely on disk.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import math
 import os
@@ -43,6 +44,8 @@ CONFIG = "config"
 """The run's resolved config, as JSON-compatible data."""
 SPECS = "specs"
 """Each task's shapes (``TaskSpec.as_dict()``) by task name."""
+MODEL_SOURCE = "model_source"
+"""A user factory's source: ``{"file": path, "sha256": hex}`` of the file that defines it (absent for built-ins)."""
 
 
 @dataclass
@@ -113,10 +116,11 @@ def save_best(folder: Path, state: dict[str, Any]) -> Path:
     return final
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load with ``weights_only=True``: a checkpoint is data, never code to run."""
+def load_checkpoint(path: Path, data: bytes | None = None) -> dict[str, Any]:
+    """Load with ``weights_only=True``: a checkpoint is data, never code to run. ``data``: the file's bytes,
+    received from another rank (``path`` then only names it)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(data) if data is not None else path, map_location="cpu", weights_only=True)
     except Exception as e:  # any unreadable file gets the same advice
         raise DataError(
             f"checkpoint {path} cannot be read ({type(e).__name__}: {e}). Re-run the same command: before the "
@@ -193,6 +197,18 @@ def archive_checkpoints(folder: Path) -> Path | None:
         shutil.move(path, archive / path.name)
     log.warning("train.resume=never: %d earlier checkpoint(s) moved to %s", len(files), archive)
     return archive
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, Any], path: Path) -> None:
+    """Load a checkpoint's weights into ``model``; weights of another model are a config error (exit 2)."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        detail = " ".join(line.strip() for line in str(e).strip().splitlines()[:4])
+        raise ConfigError(
+            f"checkpoint {path} holds the weights of another model ({detail[:800]}). Use the model (model.name, "
+            "model.* and its source) it was trained with, or train.resume=never to start over"
+        ) from None
 
 
 def resume_source(policy: str, folder: Path) -> Path | None:

@@ -29,6 +29,8 @@ OTHER_COMMANDS = {
     "smoke": "collectives, 5 DDP steps checked against one process, a checkpoint round trip and a torch.compile "
     "step, on every visible GPU (or 2 CPU processes)",
     "slurm": "render an sbatch file from the config's slurm section",
+    "push": "mirror the run folder to run.remote now (what a launch could not send: an unreachable or full remote); "
+    "exit 4 when not all of it got there",
 }
 LAUNCHING = ("run", "fit", "evaluate", "smoke")
 
@@ -55,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
             help="override a config value, e.g. --set train.epochs=3 (repeatable)",
         )
         c.add_argument("--run", help="run name (folder under run.runs_dir); default: the config file's stem")
-        if name != "slurm":
+        if name not in ("slurm", "push"):
             c.add_argument("--nproc", default=None, type=_nproc, help="processes per node: auto (default) or a number")
         if name in STAGE_COMMANDS:
             c.add_argument(
@@ -114,6 +116,10 @@ def _dispatch(args: argparse.Namespace) -> None:
         from train.slurm import write_sbatch
 
         write_sbatch(cfg, args.config, args.overrides, args.output)
+    elif args.command == "push":
+        from train.remote.push import push_run
+
+        push_run(cfg)
     else:
         from train.pipeline import run_stages
 

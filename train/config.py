@@ -7,6 +7,8 @@ key path (and the nearest valid key), so a typo never silently trains the wrong 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -157,6 +159,15 @@ class TrainConfig(Section):
     safely written."""
     checkpoint_every: int | None = Field(None, ge=1)
     """Also checkpoint every n optimizer steps (mid-epoch); default: at the end of each epoch only."""
+    find_unused_parameters: bool = False
+    """Tell DDP that a step may leave some parameters without a gradient (a model whose forward skips parts of
+    itself depending on the data). DDP then searches the autograd graph at every step, which costs time; set
+    automatically when ranks draw different tasks (task_sampling=weighted)."""
+    accept_changed_model_source: bool = False
+    """Resume although the source file of a factory of your own (model.name=path.py:function) changed since the
+    checkpoint was written; the saved weights are then loaded into the edited model as they are. By default such
+    a resume is refused (exit 2): an edit that keeps every shape (GELU to ReLU) would otherwise continue
+    silently as another model."""
     resume: str = "auto"
     """'auto': continue from the newest complete checkpoint of this run; 'never': start over (earlier
     checkpoints are moved to checkpoints/archive-<time>/, not deleted); or the path of a checkpoint to start
@@ -301,6 +312,11 @@ class RunConfig(Section):
                 raise ValueError(f"run.remote={remote!r}: expected b2://bucket or b2://bucket/prefix")
         elif "://" in remote or not remote.strip():
             raise ValueError(f"run.remote={remote!r}: use b2://bucket/prefix or a folder path")
+        elif re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", remote):
+            raise ValueError(
+                f"run.remote={remote!r} looks like a mistyped URL (b2:// has two slashes); a folder named "
+                f"{remote.split(':')[0]}: is refused. Use b2://bucket/prefix, or ./{remote} for such a folder"
+            )
         return remote
 
 
@@ -587,6 +603,8 @@ _RUNTIME_ONLY = (
     "run.remote",
     "obs.",
     "train.num_workers",
+    "train.find_unused_parameters",
+    "train.accept_changed_model_source",
     "train.log_every",
     "train.eval_batch_size",
     "train.keep_checkpoints",
@@ -596,13 +614,28 @@ _RUNTIME_ONLY = (
 )
 
 
+def _left_out(model_name: str, one_step: bool) -> tuple[str, ...]:
+    """Settings that do not change what is trained, for a model and objective: the runtime-only ones, the other
+    models' settings, and rollout_steps under one-step training."""
+    unused = tuple(f"model.{key}" for key in ModelConfig.model_fields if key not in model_keys_in_use(model_name))
+    return _RUNTIME_ONLY + unused + (("train.rollout_steps",) if one_step else ())
+
+
+def training_view(cfg: Config) -> dict[str, Any]:
+    """The flattened settings that decide what is trained."""
+    left_out = _left_out(cfg.model.name, cfg.train.objective == "one_step")
+    return {k: v for k, v in sorted(_flatten(cfg.model_dump(mode="json")).items()) if not k.startswith(left_out)}
+
+
 def training_differences(a: Config, b: Config) -> list[str]:
-    """Keys whose values differ between two configs, ignoring settings that do not affect training."""
+    """Keys whose values differ between two configs, ignoring settings that do not affect training (a model's
+    settings are differences only under b's model.name: a changed name always is one)."""
     fa, fb = _flatten(a.model_dump(mode="json")), _flatten(b.model_dump(mode="json"))
-    unused = tuple(
-        f"model.{key}" for key in ModelConfig.model_fields if key not in model_keys_in_use(b.model.name)
-    )  # a model's settings are differences only under their model.name (a changed name always is one)
-    if b.train.objective == "one_step" and a.train.objective == "one_step":
-        unused += ("train.rollout_steps",)
-    keys = sorted(set(fa) | set(fb))
-    return [k for k in keys if not k.startswith(_RUNTIME_ONLY + unused) and fa.get(k) != fb.get(k)]
+    left_out = _left_out(b.model.name, a.train.objective == "one_step" and b.train.objective == "one_step")
+    return [k for k in sorted(set(fa) | set(fb)) if not k.startswith(left_out) and fa.get(k) != fb.get(k)]
+
+
+def run_identity(cfg: Config) -> str:
+    """A short hash of :func:`training_view`: the same for every config that trains the same run. The remote's
+    pointer tags each checkpoint with it, so a checkpoint of another run is never taken for this run's."""
+    return hashlib.sha1(json.dumps(training_view(cfg), sort_keys=True).encode()).hexdigest()[:16]

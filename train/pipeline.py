@@ -9,13 +9,20 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from train.checkpoint import archive_checkpoints, latest_checkpoint, set_aside_unreadable
+from train.checkpoint import (
+    archive_checkpoints,
+    checkpoint_step,
+    latest_checkpoint,
+    list_checkpoints,
+    set_aside_unreadable,
+)
 from train.config import BUILT_IN_MODELS, Config
 from train.data.cache import CacheInfo, build_cache, building_caches, write_window_index
 from train.data.sources import SplitFiles, stage_data
 from train.engine.objective import target_frames
-from train.errors import ConfigError
+from train.errors import ConfigError, DataError, TrainError
 from train.launch.doctor import check_shm_at_launch, doctor
+from train.launch.plan import CheckpointRef, LaunchPlan
 from train.launch.session import LaunchSession, launch_session
 from train.launch.torchrun import launch, resolve_nproc
 from train.launch.watchers import watched_launch
@@ -25,7 +32,8 @@ from train.model.multitask import check_specs
 from train.model.specs import task_spec
 from train.obs.report import read_summary, report_is_current
 from train.obs.tracking import check_tracking
-from train.remote.restore import restore_run
+from train.remote.push import catch_up
+from train.remote.restore import check_remote_config, restore_run
 from train.remote.store import open_remote
 from train.run_dir import RunDir
 
@@ -108,9 +116,11 @@ def _launch_stages(
     if preflight:
         doctor(cfg, nproc, quiet=True, data=False, rendezvous_held=session.hosts_rendezvous)
     run = RunDir.of(cfg)
-    remote = open_remote(cfg.run.remote, run.root.name, b2_api) if cfg.run.remote else None
-    if remote is not None and cfg.train.resume != "never":
-        restore_run(cfg, run, remote)  # a new machine: the run continues from its remote copy
+    remote = open_remote(cfg.run.remote, run.root.name, b2_api, run.root) if cfg.run.remote else None
+    if remote is not None and session.leads:
+        check_remote_config(cfg, remote)  # another run's remote is never written to, whatever train.resume says
+        if cfg.train.resume != "never":
+            restore_run(cfg, run, remote)  # a new machine: the run continues from its remote copy
     session.between_stages()
     sources = stage_data(cfg, b2_api=b2_api)
     session.between_stages()
@@ -118,9 +128,55 @@ def _launch_stages(
     session.between_stages()
     run.prepare(cfg)
     run.write_inputs(folders, {name: files.provenance for name, files in sources.items()})
+    plan = None
+    if session.leads:
+        plan = plan_launch(cfg, command, run)
+        run.write_node_token(plan.token)
+    n = resolve_nproc(nproc, cfg)
+    if preflight:
+        check_shm_at_launch(cfg, n, {name: CacheInfo.load(Path(f["cache"])) for name, f in folders.items()})
+    plan = session.ready_to_launch(plan)
+    assert plan is not None, "node 0 posts a plan before it posts that it is ready"
+    node_local = not session.leads and run.read_node_token() != plan.token
+    if not session.leads:
+        log.info(
+            "node 0 decided: %s%s. Run folder %s: %s", " and ".join(plan.stages) or "nothing to do",
+            f", continuing from its {plan.resume.name} (SHA1 {plan.resume.sha1}), sent to these ranks by rank 0"
+            if plan.resume and "fit" in plan.stages else "", run.root,
+            "this node's own (node 0 holds the run's checkpoints, metrics and report; this node keeps its ranks' "
+            "logs)" if node_local else "node 0's too (one shared file system)",
+        )  # fmt: skip
+    if not plan.stages and remote is not None and session.leads:
+        catch_up(cfg, run, remote)  # a remote that fell behind in an earlier launch gets what it lacks
+    error = None
+    if plan.stages:
+        try:
+            with watched_launch(cfg, run, remote, node_local=node_local):
+                sha1 = plan.resume.sha1 if plan.resume else None
+                launch(run, n, cfg, ["--stages", ",".join(plan.stages)], address=session.address, resume_sha1=sha1)
+        except TrainError as e:
+            error = e
+    session.conclude(error)
+    if command in ("run", "evaluate") and session.leads:
+        for name, r in read_summary(run.root).items():
+            log.info("%s: test nRMSE %.4g (baseline %.4g)", name, r["nrmse"], r["baseline_nrmse"])
+        log.info("run folder: %s", run.root)
+    return run.root
+
+
+def plan_launch(cfg: Config, command: str, run: RunDir) -> LaunchPlan:
+    """What this launch does, from the run folder of the node that decides (the only one, or node 0): the rank
+    stages still to run and the checkpoint training continues from."""
     stages = []
     if cfg.train.resume != "never" or command == "evaluate":
-        set_aside_unreadable(run.checkpoints)  # resume or score the newest readable checkpoint, not stop
+        moved = set_aside_unreadable(run.checkpoints)  # resume or score the newest readable checkpoint, not stop
+        steps_moved = [p for p in moved if checkpoint_step(p.name.rsplit(".", 1)[0]) is not None]
+        if steps_moved and not list_checkpoints(run.checkpoints):
+            raise DataError(
+                f"every checkpoint in {run.checkpoints} is unreadable (moved to {steps_moved[0].parent}/); nothing "
+                "is trained over them. Put an intact copy back (with run.remote, the remote keeps them: remove the "
+                "local checkpoints folder and re-run to fetch one), or start over with train.resume=never"
+            )
     if command in ("run", "fit"):
         if cfg.train.resume == "never":
             archive_checkpoints(run.checkpoints)
@@ -134,15 +190,5 @@ def _launch_stages(
             log.info("evaluate: report in %s is up to date", run.report)
         else:
             stages.append("evaluate")
-    if stages:
-        n = resolve_nproc(nproc, cfg)
-        if preflight:
-            check_shm_at_launch(cfg, n, {name: CacheInfo.load(Path(f["cache"])) for name, f in folders.items()})
-        session.ready_to_launch()
-        with watched_launch(cfg, run, remote):
-            launch(run, n, cfg, ["--stages", ",".join(stages)])
-    if command in ("run", "evaluate"):
-        for name, r in read_summary(run.root).items():
-            log.info("%s: test nRMSE %.4g (baseline %.4g)", name, r["nrmse"], r["baseline_nrmse"])
-        log.info("run folder: %s", run.root)
-    return run.root
+    newest = latest_checkpoint(run.checkpoints) if "fit" in stages else None
+    return LaunchPlan.new(stages, CheckpointRef.of(newest) if newest is not None else None)

@@ -9,6 +9,8 @@ runs/<name>/
                           the launcher's pid and the lock its ranks hold
   .launch-node<k>.lock    held by node k's launcher for the whole launch
   .ranks-node<k>.lock     held (shared) by node k's ranks and their DataLoader workers
+  .node0-token            the launch plan's token, written by node 0: another node that finds the same token in
+                          its run folder shares node 0's (one file system), else its own is node-local
   checkpoints/            step_NNNNNNNN.pt, best.pt, archive-<time>/
   logs/                   rank<r>.log, torchrun/ (every rank's stdout, stderr and error file)
   metrics.jsonl  tensorboard/  report/  flight_recorder/ (DEBUG=1)
@@ -30,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from train import run_files
 from train.atomic import write_json_atomic, write_text_atomic
 from train.checkpoint import training_done
 from train.config import Config, load_config, to_yaml, training_differences
@@ -53,6 +56,8 @@ class LaunchRecord:
     """The ranks' parent: they ask the kernel to kill them when it dies."""
     ranks_lock: str
     """The lock file the ranks hold (shared) while alive; the next launch waits for it."""
+    resume_sha1: str | None = None
+    """The SHA1 of the checkpoint node 0's launcher chose for training to continue from (None: none chosen)."""
 
     @classmethod
     def read(cls, path: Path) -> LaunchRecord:
@@ -81,36 +86,36 @@ class RunDir:
 
     @property
     def config(self) -> Path:
-        return self.root / "config.yaml"
+        return self.root / run_files.CONFIG
 
     @property
     def inputs(self) -> Path:
-        return self.root / "inputs.json"
+        return self.root / run_files.INPUTS
 
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return self.root / run_files.CHECKPOINTS
 
     @property
     def logs(self) -> Path:
-        return self.root / "logs"
+        return self.root / run_files.LOGS
 
     @property
     def report(self) -> Path:
-        return self.root / "report"
+        return self.root / run_files.REPORT
 
     @property
     def flight_recorder(self) -> Path:
-        return self.root / "flight_recorder"
+        return self.root / run_files.FLIGHT_RECORDER
 
     @property
     def preempted_marker(self) -> Path:
-        return self.root / "preempted.json"
+        return self.root / run_files.PREEMPTED
 
     @property
     def smoke_results(self) -> Path:
         """The smoke test's table, as JSON (its run folder is runs/smoke)."""
-        return self.root / "smoke.json"
+        return self.root / run_files.SMOKE
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.log"
@@ -152,11 +157,28 @@ class RunDir:
                 inputs[name] |= provenance[name].record(manifest)
         write_json_atomic(self.inputs, inputs)
 
-    def write_launch_record(self, node_rank: int, ranks_lock: Path, live_console: bool) -> Path:
+    def write_launch_record(
+        self, node_rank: int, ranks_lock: Path, live_console: bool, resume_sha1: str | None = None
+    ) -> Path:
         path = self.launch_record(node_rank)
-        record = LaunchRecord(time.time(), live_console, os.getpid(), str(ranks_lock))
+        record = LaunchRecord(time.time(), live_console, os.getpid(), str(ranks_lock), resume_sha1)
         write_json_atomic(path, asdict(record))
         return path
+
+    @property
+    def node_token(self) -> Path:
+        return self.root / run_files.NODE_TOKEN
+
+    def write_node_token(self, token: str) -> None:
+        """Node 0 (or the only node): the launch plan's token, by which other nodes tell whether they share
+        this folder."""
+        write_text_atomic(self.node_token, token)
+
+    def read_node_token(self) -> str | None:
+        try:
+            return self.node_token.read_text()
+        except OSError:
+            return None
 
     def clear_preempted(self) -> None:
         """Before the ranks start: a marker left from an earlier launch must not turn a failure into a stop."""

@@ -21,13 +21,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from train.atomic import write_json_atomic
-from train.checkpoint import MODEL, OPTIMIZER, checkpoint_name, load_checkpoint, save_checkpoint
-from train.distributed.env import DistEnv, destroy_distributed, init_distributed, rank_from_environ
-from train.distributed.error_file import record, record_error
-from train.distributed.lifeline import hold_for_launcher
-from train.errors import DistributedError, TrainError
-from train.obs.log import setup_logging
-from train.run_dir import RunDir, rank_arguments
+from train.checkpoint import MODEL, OPTIMIZER, checkpoint_name, save_checkpoint
+from train.distributed.env import DistEnv
+from train.distributed.error_file import record
+from train.distributed.shared_checkpoint import shared_checkpoint
+from train.errors import DistributedError
+from train.rank_start import Rank, run_rank
+from train.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,10 @@ def check_checkpoint(env: DistEnv, state: dict, folder: Path) -> str:
             failed = e
     dist.barrier()
     expect(failed is None, f"saving into {folder} failed: {failed}")
-    loaded = load_checkpoint(folder / checkpoint_name(0))
+    # As training resumes: rank 0 reads the file, and ranks on other nodes (whose folders may not hold it)
+    # receive its bytes.
+    _, loaded = shared_checkpoint(env, folder, lambda: folder / checkpoint_name(0))
+    assert loaded is not None, "rank 0 named a checkpoint"
     for name, tensor in model.state_dict().items():
         expect(torch.equal(loaded[MODEL][name], tensor.cpu()), f"{name} differs after the round trip")
     restored = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -216,38 +219,27 @@ def summarise(env: DistEnv, per_rank: list[list[dict]]) -> tuple[str, list[dict]
     return "\n".join(lines), rows
 
 
+def _skip_compile(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--skip-compile", action="store_true")
+
+
+def _smoke(rank: Rank) -> None:
+    env, run = rank.env, rank.run
+    results = run_checks(env, run, not rank.args.skip_compile)
+    per_rank: list = [None] * env.world_size
+    dist.all_gather_object(per_rank, results)
+    table, rows = summarise(env, per_rank)
+    if env.is_main:
+        print(table, flush=True)
+        write_json_atomic(run.smoke_results, {"world_size": env.world_size, "checks": rows})
+    failed = [r["check"] for r in rows if not r["ok"]]
+    if failed:
+        raise DistributedError(f"smoke test failed: {', '.join(failed)} (details in {run.logs})")
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
-    run, record, rest = rank_arguments(argv)
-    if record is not None:
-        hold_for_launcher(record.launcher_pid, record.ranks_lock)
-    parser = argparse.ArgumentParser(prog="python -m train.smoke_worker")
-    parser.add_argument("--skip-compile", action="store_true")
-    args = parser.parse_args(rest)
-    cfg = run.load_config()
-    rank = rank_from_environ()
-    setup_logging(f"rank{rank}", run.rank_log(rank), console=rank == 0)
-    try:
-        env = DistEnv.from_environ(cfg.dist.backend, cfg.dist.backend_fallback)
-        env = init_distributed(env, cfg.dist.timeout_s, cfg.dist.backend_fallback)
-        results = run_checks(env, run, not args.skip_compile)
-        per_rank: list = [None] * env.world_size
-        dist.all_gather_object(per_rank, results)
-        table, rows = summarise(env, per_rank)
-        if env.is_main:
-            print(table, flush=True)
-            write_json_atomic(run.smoke_results, {"world_size": env.world_size, "checks": rows})
-        destroy_distributed(wait_for_peers=True)
-        failed = [r["check"] for r in rows if not r["ok"]]
-        if failed:
-            raise DistributedError(f"smoke test failed: {', '.join(failed)} (details in {run.logs})")
-    except TrainError as e:
-        log.error("%s", e)
-        record_error(e)
-        return e.exit_code
-    finally:
-        destroy_distributed()
-    return 0
+    return run_rank("python -m train.smoke_worker", _skip_compile, _smoke, argv)
 
 
 if __name__ == "__main__":

@@ -72,3 +72,15 @@ def test_make_prints_the_underlying_exit_code(tmp_path):
     assert proc.returncode != 0
     assert "exited with code 2" in proc.stderr
     assert "train.epoch" in proc.stderr
+
+
+def test_a_run_whose_every_checkpoint_is_unreadable_stops_with_exit_3_and_keeps_them(tmp_path):
+    """Before, the run silently started over from step 0 and exited 0."""
+    checkpoints = tmp_path / "runs" / "tiny" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "step_00000005.pt").write_bytes(b"not a checkpoint")
+    (checkpoints / "step_00000010.pt").write_bytes(b"")
+    proc = run_cli("fit", "--config", "configs/tiny.yaml", *folders(tmp_path))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert f"every checkpoint in {checkpoints} is unreadable" in proc.stderr and "launching" not in proc.stderr
+    assert len(list((checkpoints / "corrupt").iterdir())) == 2

@@ -149,3 +149,17 @@ def test_a_rank_that_aborts_after_its_peers_config_error_is_not_blamed(tmp_path)
     summary = proc.stderr.split("training failed:", 1)[1]
     assert summary.strip().startswith("rank 0 ") and "with code 2: ConfigError" in summary.splitlines()[1]
     assert "rank 0 found a bad setting (tasks.x.y)" in summary
+
+
+def test_a_port_held_by_a_program_that_never_answers_ends_node_1_in_bounded_time(tmp_path):
+    """It accepts the connection and says nothing: before, node 1 hung for as long as that program lived."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        env = {"NNODES": "2", "NODE_RANK": "1", "RDZV_ENDPOINT": f"127.0.0.1:{holder.getsockname()[1]}"}
+        start = time.monotonic()
+        proc = run_cli("smoke", "--config", "configs/tiny.yaml", "--nproc", "1", "--set", "dist.timeout_s=10",
+                       *folders(tmp_path), env=env, timeout=60 + 60 * startup_s())  # fmt: skip
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    assert "accepts connections but never answered as a rendezvous store" in proc.stderr
+    assert time.monotonic() - start < 15 + 30 * startup_s()

@@ -1,4 +1,4 @@
-"""SIGUSR1 (SLURM's --signal) and SIGTERM reaching the launcher before the ranks run: a clean stop, exit 75.
+"""SIGUSR1 (SLURM's --signal), SIGTERM and SIGHUP reaching the launcher outside training: a clean stop, exit 75.
 
 Before, the default action killed the launcher on the spot: exit 138 or 143, a job SLURM never requeues, and a
 ``.tmp`` file left in the data folder.
@@ -6,6 +6,7 @@ Before, the default action killed the launcher on the spot: exit 138 or 143, a j
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -70,3 +71,49 @@ def test_a_signal_while_waiting_for_node_0_exits_75(tmp_path):
     wait_for(lambda: "waiting for node 0's launcher" in log.read_text(), "node 1 waiting", 60 * startup_s(), proc)
     os.kill(proc.pid, signal.SIGUSR1)
     stopped_cleanly(proc, signal.SIGUSR1, log)
+
+
+def test_sighup_a_closed_terminal_is_a_stop_request_with_a_checkpoint(tmp_path):
+    """A closed terminal sends SIGHUP to the whole foreground job: before, it killed the ranks at once (129)."""
+    args = ["run", "--config", "configs/tiny.yaml", "--nproc", "2", "--set", "train.steps_per_epoch=100000"]
+    log, rank1 = tmp_path / "launcher.log", tmp_path / "runs" / "tiny" / "logs" / "rank1.log"
+    proc = launch_in_background(*args, "--set", "train.num_workers=1", *folders(tmp_path), log=log)
+    training = lambda: rank1.is_file() and "training from" in rank1.read_text()  # noqa: E731
+    wait_for(training, "rank 1 training", 60 * startup_s(), proc)
+    os.killpg(proc.pid, signal.SIGHUP)
+    proc.wait(timeout=60 * startup_s())
+    assert proc.returncode == 75, log.read_text()[-3000:]
+    step = json.loads((tmp_path / "runs" / "tiny" / "preempted.json").read_text())["global_step"]
+    assert (tmp_path / "runs" / "tiny" / "checkpoints" / f"step_{step:08d}.pt").is_file()
+    assert "stopped by SIGHUP" in log.read_text()
+
+
+def test_a_stop_during_the_evaluation_exits_75_and_the_rerun_evaluates(tmp_path):
+    fit = run_cli("fit", "--config", "configs/tiny.yaml", *folders(tmp_path), timeout=120 * startup_s())
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    log, report = tmp_path / "launcher.log", tmp_path / "runs" / "tiny" / "report" / "summary.json"
+    outputs = lambda: list((tmp_path / "runs" / "tiny" / "logs" / "torchrun").rglob("stdout.log"))  # noqa: E731
+    fitted = len(outputs())
+    proc = launch_in_background("run", "--config", "configs/tiny.yaml", *folders(tmp_path), log=log)
+    # torchrun's agent has started the ranks (and handles signals) once their output files exist
+    wait_for(lambda: len(outputs()) > fitted, "the evaluation's ranks", 60 * startup_s(), proc)
+    os.kill(proc.pid, signal.SIGTERM)  # the launcher alone; torchrun forwards it to the evaluating ranks
+    proc.wait(timeout=60 * startup_s())
+    assert proc.returncode == 75, log.read_text()[-3000:]
+    assert "during the evaluation, after training was complete" in log.read_text() and not report.exists()
+
+    again = run_cli("run", "--config", "configs/tiny.yaml", *folders(tmp_path), timeout=120 * startup_s())
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already holds 2 trained epochs" in again.stderr and report.is_file()
+
+
+def test_a_stale_partial_data_file_of_a_killed_writer_is_swept(tmp_path):
+    data = tmp_path / "data" / "darcy2d"
+    data.mkdir(parents=True)
+    stale, fresh = data / ".x.hdf5.abc.tmp", data / ".y.hdf5.def.tmp"
+    stale.write_bytes(b"half"), fresh.write_bytes(b"being written")
+    os.utime(stale, (0, 0))  # untouched for decades: its writer was SIGKILLed
+    proc = run_cli("data", "--config", "configs/tiny.yaml", *folders(tmp_path), timeout=120 * startup_s())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not stale.exists() and fresh.exists(), "a writer that is alive keeps its file"
+    assert f"removed {stale}" in proc.stderr

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from tests.helpers import REPO, folders, run_cli, startup_s
-from train.checkpoint import BEST, load_checkpoint
+from train.checkpoint import BEST, latest_checkpoint, load_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +33,16 @@ def test_a_model_file_outside_the_package_trains_from_a_config_line(tmp_path):
         assert scores["nrmse"] < scores["baseline_nrmse"] * 5, (task, scores)  # trained, and evaluated by rollout
     saved = (tmp_path / "runs" / "tiny" / "config.yaml").read_text()
     assert f"{elsewhere}:build" in saved and "width: 12" in saved
+
+    # Edited since: every shape is the same, so the old weights would load silently into another model.
+    elsewhere.write_text(elsewhere.read_text().replace("nn.GELU()", "nn.ReLU()"))
+    latest_checkpoint(tmp_path / "runs" / "tiny" / "checkpoints").unlink()  # the run resumes from epoch 1's
+    more = ["fit", *TINY, *folders(tmp_path), "--set", f"model.name={elsewhere}:build", "--set", "model.args.width=12"]
+    again = run_cli(*more, timeout=120 * startup_s())
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert f"{elsewhere}, the source of model.name={elsewhere}:build, changed since the checkpoint" in again.stderr
+    accepted = run_cli(*more, "--set", "train.accept_changed_model_source=true", timeout=120 * startup_s())
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
 
 
 def test_fno_trains_and_a_resume_with_another_model_is_refused(tmp_path):
@@ -114,3 +124,30 @@ def test_a_rollout_longer_than_the_data_is_a_config_error_naming_the_settings(tm
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "train.rollout_steps=30 needs tasks.advection1d.initial_step + rollout_steps <= 21" in proc.stderr
+
+
+BROKEN_FORWARD = {
+    "raises": ("x.reshape(-1) @ self.w", "the model's forward raised RuntimeError"),
+    "nan": ("torch.full((len(x), *self.specs[n].grid, self.specs[n].out_channels), float('nan')) * self.w",
+            "is not finite (NaN or inf) on a probe batch"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("broken", list(BROKEN_FORWARD))
+def test_a_model_whose_forward_fails_or_is_not_finite_is_a_config_error(tmp_path, broken):
+    prediction, message = BROKEN_FORWARD[broken]
+    model = tmp_path / "broken.py"
+    model.write_text(
+        "import torch\n"
+        "class Broken(torch.nn.Module):\n"
+        "    def __init__(self, specs):\n"
+        "        super().__init__()\n"
+        "        self.specs, self.w = specs, torch.nn.Parameter(torch.ones(1))\n"
+        "    def forward(self, inputs):\n"
+        f"        return {{n: {prediction} for n, x in inputs.items()}}\n"
+        "def build(specs):\n"
+        "    return Broken(specs)\n"
+    )
+    proc = run_cli("fit", *TINY, *folders(tmp_path), "--set", f"model.name={model}:build", timeout=120 * startup_s())
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert message in proc.stderr and "Traceback" not in proc.stderr

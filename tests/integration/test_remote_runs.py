@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.b2sim import SENTINEL_KEY, Account
-from tests.helpers import REPO, run_cli, wait_for
+from tests.helpers import REPO, folders, run_cli, wait_for
 from tests.integration.test_faults import assert_bitwise_equal, final_weights, fit_argv, start, wait_for_step
 from train.checkpoint import checkpoint_name, latest_checkpoint
 from train.config import load_config
@@ -144,3 +144,45 @@ def wait_for_metrics_step(metrics: Path, step: int, timeout: float = 240) -> Non
             return
         time.sleep(0.005)
     raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def test_a_launch_never_writes_to_a_remote_that_holds_another_run(tmp_path):
+    """train.resume=never (or local checkpoints) skipped the check: the mirror replaced the other run's config
+    and pruned its checkpoints."""
+    from train.config import to_yaml
+
+    theirs = tmp_path / "remote" / "tiny"
+    (theirs / "checkpoints").mkdir(parents=True)
+    other = load_config(REPO / "configs/tiny.yaml", ["train.lr=0.5"], run_name="tiny")
+    (theirs / "config.yaml").write_text(to_yaml(other))
+    (theirs / "checkpoints" / checkpoint_name(480)).write_bytes(os.urandom(100))
+    before = {p: p.read_bytes() for p in theirs.rglob("*") if p.is_file()}
+    for resume in ("never", "auto"):
+        proc = run_cli("fit", "--config", "configs/tiny.yaml", "--set", f"train.resume={resume}",
+                       "--set", f"run.remote={tmp_path / 'remote'}", *folders(tmp_path))  # fmt: skip
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "holds a run with a different config (train.lr)" in proc.stderr
+    assert {p: p.read_bytes() for p in theirs.rglob("*") if p.is_file()} == before
+
+
+def test_a_remote_inside_the_run_folder_is_refused_before_anything_runs(tmp_path):
+    runs = tmp_path / "runs"
+    proc = run_cli("fit", "--config", "configs/tiny.yaml", "--set", f"run.remote={runs}", *folders(tmp_path))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "is its own run folder" in proc.stderr and not (tmp_path / "data").exists()
+
+
+def test_a_remote_that_fell_behind_catches_up_by_push_and_by_any_relaunch(tmp_path):
+    """A finished run whose remote got nothing (here: none was set; an unreachable or full one ends the same):
+    `push` sends it, and a relaunch with nothing left to train brings another remote up to date as well."""
+    proc = run_cli("run", "--config", "configs/tiny.yaml", *folders(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for how, remote in (("push", tmp_path / "pushed"), ("run", tmp_path / "caught-up")):
+        proc = run_cli(how, "--config", "configs/tiny.yaml", "--set", f"run.remote={remote}", *folders(tmp_path))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "launching" not in proc.stderr
+        pointer = read_pointer(open_remote(str(remote), "tiny"))
+        assert pointer["checkpoint"] == checkpoint_name(10), how
+        assert (remote / "tiny" / "report" / "summary.json").is_file() and (remote / "tiny" / "metrics.jsonl").is_file()
+    nowhere = run_cli("push", "--config", "configs/tiny.yaml", *folders(tmp_path))
+    assert nowhere.returncode == 2 and "push needs run.remote" in nowhere.stderr

@@ -196,3 +196,28 @@ def test_outputs_missing_a_task_or_of_the_wrong_shape_are_named(user_file):
         check_outputs(wrong, inputs, specs, "mine")
     with pytest.raises(ConfigError, match=re.escape("forward returned a Tensor")):
         check_outputs(torch.zeros(1), inputs, specs, "mine")
+
+
+def test_a_user_factory_is_recorded_by_its_source_file_and_hash(user_file):
+    from train.model.factory import factory_source
+
+    before = factory_source(f"{user_file}:build")
+    assert before["file"] == str(user_file) and len(before["sha256"]) == 64
+    user_file.write_text(user_file.read_text().replace("hidden=16", "hidden=17"))
+    assert factory_source(f"{user_file}:build")["sha256"] != before["sha256"]
+    assert factory_source("fno") is None
+    assert factory_source("train.model.fno:FNO")["file"].endswith("train/model/fno.py")
+
+
+def test_weights_of_another_model_and_outputs_that_are_not_finite_are_config_errors(tmp_path, user_file):
+    from train.checkpoint import load_model_state
+
+    specs = {"adv": ADVECTION}
+    model = build_model(specs, ModelConfig(name=f"{user_file}:build"))
+    other = build_model(specs, ModelConfig(name=f"{user_file}:build", args={"hidden": 8}))
+    with pytest.raises(ConfigError, match=r"ckpt\.pt holds the weights of another model \(.*size mismatch"):
+        load_model_state(model, other.state_dict(), tmp_path / "ckpt.pt")
+    inputs = inputs_for(specs)
+    bad = {"adv": torch.full((3, 64, 1), float("nan"))}
+    with pytest.raises(ConfigError, match=r"output for task 'adv' is not finite \(NaN or inf\)"):
+        check_outputs(bad, inputs, specs, "mine")

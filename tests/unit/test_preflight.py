@@ -157,6 +157,17 @@ def test_free_port_and_single_node_pass():
     assert check_rendezvous(config(), facts())[0].status == PASS
 
 
+def test_a_public_rendezvous_address_is_warned_about_and_a_private_one_passes():
+    # A literal address and ADVERTISE_ADDR: nothing is resolved or routed, no packet leaves the machine.
+    env = {"NNODES": "2", "NODE_RANK": "1", "RDZV_ENDPOINT": "8.8.8.8:29400", "ADVERTISE_ADDR": "127.0.0.1"}
+    check, _ = check_rendezvous(config(), facts(environ=env))
+    assert check.status == WARN and "8.8.8.8 is a public address" in check.detail and "firewall" in check.fix
+    check, _ = check_rendezvous(config(), facts(environ={**env, "RDZV_ENDPOINT": "10.9.8.7:29400"}))
+    assert check.status == PASS and "this node advertises 127.0.0.1" in check.detail
+    check, _ = check_rendezvous(config(), facts(environ={**env, "ADVERTISE_ADDR": "node1"}))
+    assert check.status == FAIL and "ADVERTISE_ADDR" in check.detail
+
+
 def test_multi_node_without_an_endpoint_fails():
     check, topology = check_rendezvous(config(), facts(environ={"NNODES": "2", "NODE_RANK": "1"}))
     assert check.status == FAIL and "RDZV_ENDPOINT" in check.detail and topology is None

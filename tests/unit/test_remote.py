@@ -24,7 +24,7 @@ from train.errors import ConfigError, DataError
 from train.obs.sinks import read_metrics
 from train.remote import mirror as mirror_module
 from train.remote.mirror import POINTER, RunMirror, read_pointer
-from train.remote.restore import restore_run
+from train.remote.restore import check_remote_config, restore_run
 from train.remote.store import FolderRemote, LocalFile, UploadFailed, open_remote, sha1_of
 from train.run_dir import RunDir
 
@@ -272,7 +272,8 @@ def test_a_remote_run_with_a_different_config_is_refused(remote, tmp_path):
     run, _ = mirrored(tmp_path, remote)
     box_gone(run)
     with pytest.raises(ConfigError, match=r"different config \(train\.lr\); pick another run name"):
-        restore_run(config(tmp_path, "train.lr=0.5"), run, remote)
+        check_remote_config(config(tmp_path, "train.lr=0.5"), remote)  # on every launch that mirrors
+    check_remote_config(config(tmp_path), remote)
     assert not run.checkpoints.exists()
 
 
@@ -285,6 +286,38 @@ def test_open_remote_rejects_what_it_cannot_use(tmp_path):
         load_config(REPO / "configs/tiny.yaml", ["run.remote=s3://bucket/x"])
     with pytest.raises(ConfigError, match=r"run\.remote"):
         load_config(REPO / "configs/tiny.yaml", ["run.remote=b2:///x"])
+    with pytest.raises(ConfigError, match=r"run\.remote='b2:/bucket/x' looks like a mistyped URL"):
+        load_config(REPO / "configs/tiny.yaml", ["run.remote=b2:/bucket/x"])
+    runs = tmp_path / "runs"
+    for inside in (runs, runs / "run", runs / "run" / "mirror"):  # the run folder itself, or inside it
+        with pytest.raises(ConfigError, match=r"is its own run folder .* \(or inside it, or holds it\)"):
+            open_remote(str(inside), "run", run_root=runs / "run")
+    open_remote(str(tmp_path / "elsewhere"), "run", run_root=runs / "run")
+
+
+@pytest.mark.parametrize("damage", [b"{not json", b'{"kept": "nothing"}', b"[]"])
+def test_an_unreadable_pointer_is_rebuilt_from_the_listed_checkpoints(remote, tmp_path, damage, caplog):
+    run, data = mirrored(tmp_path, remote)
+    box_gone(run)
+    damaged = tmp_path / "damaged.json"
+    damaged.write_bytes(damage)
+    remote.upload(LocalFile(damaged, len(damage), sha1_of(damaged)), POINTER)
+
+    pointer = read_pointer(remote)
+    assert [e["name"] for e in pointer["kept"]] == [checkpoint_name(20), checkpoint_name(10)]
+    assert pointer["kept"][0]["sha1"] == hashlib.sha1(data[20]).hexdigest()
+    assert "cannot be read" in caplog.text and "rebuilt from the 2 checkpoint(s)" in caplog.text
+    assert restore_run(config(tmp_path), run, remote) == checkpoint_name(20)  # not a fresh start
+    assert (run.checkpoints / checkpoint_name(20)).read_bytes() == data[20]
+
+
+def test_an_unreadable_pointer_without_checkpoints_to_rebuild_it_from_stops_the_launch(tmp_path):
+    remote = open_remote(str(tmp_path / "remote"), "run")
+    (tmp_path / "remote" / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "remote" / "run" / POINTER).write_text("{broken")
+    with pytest.raises(DataError, match=r"lists no checkpoint to rebuild it from\. Nothing was changed"):
+        read_pointer(remote)
+    assert (tmp_path / "remote" / "run" / POINTER).read_text() == "{broken"
 
 
 def test_the_pointer_is_json_naming_only_verified_files(tmp_path, b2):
@@ -295,14 +328,47 @@ def test_the_pointer_is_json_naming_only_verified_files(tmp_path, b2):
     assert {e["name"] for e in raw["kept"]} <= {n.rsplit("/", 1)[-1] for n in remote.names("checkpoints")}
 
 
-def test_on_several_nodes_a_run_folder_shared_with_node_0_is_mirrored_by_node_0_alone(tmp_path, b2):
+def test_on_several_nodes_node_0_alone_mirrors_the_run_and_a_node_local_folder_sends_its_logs(tmp_path, b2):
     remote = open_remote("b2://pdebench/runs", "run", b2.api)
     own, shared = RunDir(tmp_path / "node1"), RunDir(tmp_path / "shared")
     for run in (own, shared):
-        checkpoint(run, 4)
-    shared.launch_record(0).write_text("{}")  # node 0's launcher wrote here: the folder is shared
+        checkpoint(run, 4)  # stale on node 1: rank 0, and with it the run's checkpoints, is on node 0
+        run.logs.mkdir(parents=True)
+        run.rank_log(1).write_text("rank 1 here\n")
+        (run.root / "metrics.jsonl").write_text('{"step": 4}\n')
 
     assert RunMirror(remote, shared, keep=2, node_rank=1, poll_s=0.01).start().finish(30)
+    assert read_pointer(remote) is None and remote.names("") == []
+    assert RunMirror(remote, own, keep=2, node_rank=1, node_local=True, poll_s=0.01).start().finish(30)
     assert read_pointer(remote) is None and remote.names("checkpoints") == []
-    assert RunMirror(remote, own, keep=2, node_rank=1, poll_s=0.01).start().finish(30)  # rank 0 may be here
-    assert pointed(remote) == [checkpoint_name(4)]
+    assert remote.names("") == ["logs/rank1.log"]  # B2 lists the whole prefix: no metrics, no config
+
+
+def test_checkpoints_another_run_left_in_the_pointer_are_never_taken_for_this_runs(tmp_path, caplog):
+    """Run A mirrored here under a config.yaml since lost; run B (another lr) must not resume from A's."""
+    from train.config import run_identity
+
+    remote = open_remote(str(tmp_path / "remote"), "run")
+    a = config(tmp_path, "train.lr=0.5")
+    run = RunDir.of(a)
+    run.prepare(a)
+    mirror = RunMirror(remote, run, keep=2, identity=run_identity(a), poll_s=0.01).start()
+    checkpoint(run, 480)
+    wait_until(lambda: pointed(remote)[:1] == [checkpoint_name(480)], "A's checkpoint mirrored")
+    assert mirror.finish(30)
+    remote.delete("config.yaml")
+    box_gone(run)
+
+    b = config(tmp_path)
+    assert run_identity(b) != run_identity(a) and run_identity(config(tmp_path, "train.num_workers=3")) == run_identity(
+        b
+    )
+    assert restore_run(b, run, remote) is None
+    assert "lists checkpoints of another run (step_00000480.pt)" in caplog.text
+    b_run = RunDir.of(b)
+    b_run.prepare(b)
+    mirror = RunMirror(remote, b_run, keep=2, identity=run_identity(b), poll_s=0.01).start()
+    checkpoint(b_run, 10)
+    wait_until(lambda: pointed(remote)[:1] == [checkpoint_name(10)], "B's checkpoint mirrored")
+    assert mirror.finish(30)
+    assert pointed(remote) == [checkpoint_name(10)], "A's entry is not carried on as B's"

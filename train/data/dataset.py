@@ -155,7 +155,7 @@ def seed_worker(seed: int, rank: int, worker_id: int) -> None:
     """
     # The rank stops its workers itself; a SIGTERM sent to the whole process group (docker stop, SLURM) must
     # not kill them under it before it has saved its checkpoint.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     state = np.random.SeedSequence([seed, rank, worker_id]).generate_state(2)
     np.random.seed(int(state[0]))

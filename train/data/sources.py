@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from train.atomic import sweep_stale_temporaries
 from train.config import Config, TaskConfig
 from train.data import download, generate
 from train.data.checksum import ALGORITHM
@@ -267,6 +268,9 @@ def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, 
 
     Each task's SplitFiles carries its ``provenance`` (not in a dry run, which fetches nothing)."""
     data_dir = Path(cfg.run.data_dir)
+    if not dry_run:
+        for stale in sweep_stale_temporaries(data_dir):
+            log.warning("removed %s, a partial file a killed writer left behind", stale)
     found: dict[str, _Found] = {}
     for name, task in cfg.tasks.items():
         if task.source == "generate":

@@ -34,3 +34,20 @@ def broadcast_from_main(values: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast(values, src=0)
     return values
+
+
+# How gloo and NCCL say that a peer process went away mid-collective (it was killed, or its machine or network).
+_PEER_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "remote process exited or there was a network error",
+)
+
+
+def peer_lost(error: BaseException) -> str | None:
+    """The first line of a collective's error that says a peer went away, or None for any other error."""
+    text = str(error)
+    if isinstance(error, RuntimeError) and any(p in text for p in _PEER_LOST):
+        return text.strip().splitlines()[0][:500]
+    return None

@@ -44,6 +44,7 @@ class DistEnv:
             local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         except ValueError as e:
             raise DistributedError(f"a torchrun variable (RANK, LOCAL_RANK, WORLD_SIZE) is no integer: {e}") from None
+        rank = node_ordered_rank(rank, local_rank, world_size, local_world_size)
         backend = resolve_backend(os.environ.get("DDP_BACKEND", backend), fallback)
         if backend == "nccl":
             if local_rank >= torch.cuda.device_count():
@@ -59,8 +60,33 @@ class DistEnv:
 
 def rank_from_environ() -> int:
     """This process's global rank, for naming its log file before anything else can fail."""
-    value = os.environ.get("RANK", "0")
-    return int(value) if value.isdigit() else 0
+    try:
+        return node_ordered_rank(*(int(os.environ.get(name, default)) for name, default in _RANK_VARIABLES))
+    except (ValueError, ConfigError):
+        value = os.environ.get("RANK", "0")
+        return int(value) if value.isdigit() else 0
+
+
+_RANK_VARIABLES = (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1))
+
+
+def node_ordered_rank(rank: int, local_rank: int, world_size: int, local_world_size: int) -> int:
+    """The global rank numbered node by node (node 0's ranks first), from the launcher's TRAIN_NODE_RANK and
+    TRAIN_NNODES; torchrun's own RANK when they are unset (one node, tests).
+
+    torchrun's c10d rendezvous numbers the nodes by their addresses as text, so rank 0 may land on any node.
+    Rank 0 writes the run's checkpoints, metrics and report, and node 0's launcher decides from its run folder
+    what a launch does: with run folders of their own on each node, the two must be on the same node. Any
+    permutation of ranks is a valid process group, so the ranks simply take these numbers."""
+    node, nnodes = os.environ.get("TRAIN_NODE_RANK"), os.environ.get("TRAIN_NNODES")
+    if node is None or nnodes is None:
+        return rank
+    if world_size != int(nnodes) * local_world_size:
+        raise ConfigError(
+            f"this node starts {local_world_size} rank(s), but the {nnodes} nodes start {world_size} in all: start "
+            "the same number of ranks on every node (the same NPROC / --nproc, and as many visible GPUs)"
+        )
+    return int(node) * local_world_size + local_rank
 
 
 def resolve_backend(requested: str, fallback: bool) -> str:

@@ -1,4 +1,4 @@
-"""Stop requests: SIGTERM, SIGUSR1 or SIGINT ask every rank to stop at the same step boundary.
+"""Stop requests: SIGTERM, SIGUSR1, SIGHUP or SIGINT ask every rank to stop at the same step boundary.
 
 The handler only sets a flag (a signal handler must not log, take locks or touch collectives). At each step
 boundary every rank posts its flag to an asynchronous MAX all-reduce and reads the result of the previous
@@ -16,7 +16,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT)
 
 
 class StopRequest:

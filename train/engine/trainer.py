@@ -21,6 +21,7 @@ from torch import nn
 from train.checkpoint import (
     CONFIG,
     MODEL,
+    MODEL_SOURCE,
     OPTIMIZER,
     PROGRESS,
     SCALER,
@@ -28,15 +29,16 @@ from train.checkpoint import (
     SPECS,
     RunState,
     latest_checkpoint,
-    load_checkpoint,
+    load_model_state,
     model_differences,
     resume_source,
     save_best,
     save_checkpoint,
 )
-from train.config import Config, ModelConfig, model_keys_in_use
+from train.config import BUILT_IN_MODELS, Config, ModelConfig, model_keys_in_use
 from train.distributed.collectives import all_reduce_sum, broadcast_from_main
 from train.distributed.env import DistEnv
+from train.distributed.shared_checkpoint import shared_checkpoint
 from train.engine.evaluate import validation_scores
 from train.engine.loaders import (
     initial_model,
@@ -61,8 +63,8 @@ from train.engine.setup import (
 )
 from train.engine.signals import StopRequest
 from train.engine.streams import EpochStreams, step_seed, task_draws
-from train.errors import ConfigError, DistributedError, Preempted
-from train.model.factory import check_outputs
+from train.errors import ConfigError, Preempted
+from train.model.factory import check_outputs, factory_source, forward_failed
 from train.model.specs import TaskData
 from train.obs.monitor import DataWait, Progress, system_figures
 from train.obs.sinks import MetricSinks
@@ -95,7 +97,14 @@ class Trainer:
         with torch.no_grad():
             inputs = {n: b["x"] for n, b in probe.items()}
             latents = {n: b["z"] for n, b in probe.items() if "z" in b}
-            check_outputs(predict(self.model, inputs, latents), inputs, {t.name: t.spec for t in tasks}, cfg.model.name)
+            try:
+                outputs = predict(self.model, inputs, latents)
+            except Exception as e:
+                if cfg.model.name in BUILT_IN_MODELS:
+                    raise
+                raise forward_failed(cfg.model.name, e, {n: x.shape for n, x in inputs.items()}) from None
+            check_outputs(outputs, inputs, {t.name: t.spec for t in tasks}, cfg.model.name)
+        self.model_source = factory_source(cfg.model.name)
         check_no_dead_parameters(self.model, lambda m: run_on_batches(m, probe))
         # Which parameters each task's forward leaves out: named if DDP ever reports a missing gradient (probed
         # now, because once DDP's hooks are attached a probe would count as a step).
@@ -107,7 +116,7 @@ class Trainer:
         self.rolled_out = {t.name for t in tasks if t.spec.autoregressive and cfg.train.objective != "one_step"}
         self.unroll = bool(self.rolled_out)
         trained = Unroll(self.model, self.rolled_out) if self.unroll else self.model
-        self.ddp = wrap_ddp(trained, env, find_unused=self.weighted)
+        self.ddp = wrap_ddp(trained, env, find_unused=self.weighted or cfg.train.find_unused_parameters)
         self.forward = compile_model(self.ddp, cfg.compile, env)
         self.compiling = compile_enabled(cfg.compile, env.device)
         self.precision = resolve_precision(cfg.train.precision, env.device)
@@ -145,25 +154,28 @@ class Trainer:
             PROGRESS: asdict(self.state),
             CONFIG: self.cfg.model_dump(mode="json"),
             SPECS: {t.name: t.spec.as_dict() for t in self.tasks},
+            **({MODEL_SOURCE: self.model_source} if self.model_source else {}),
         }
 
-    def load_state_dict(self, saved: dict) -> None:
-        """Continue from a checkpoint's components (as :meth:`state_dict` wrote them)."""
-        self.model.load_state_dict(saved[MODEL])
+    def load_state_dict(self, saved: dict, path=None) -> None:
+        """Continue from a checkpoint's components (as :meth:`state_dict` wrote them; ``path`` names it)."""
+        load_model_state(self.model, saved[MODEL], path or self.checkpoints)
         self.optimizer.load_state_dict(saved[OPTIMIZER])
         self.scheduler.load_state_dict(saved[SCHEDULER])
         if self.scaler is not None and SCALER in saved:
             self.scaler.load_state_dict(saved[SCALER])
         self.state = RunState(**saved[PROGRESS])
 
-    def resume(self) -> None:
+    def resume(self, sha1: str | None = None) -> None:
+        """Continue from the checkpoint rank 0 chooses (``sha1``: the bytes node 0's launcher chose), which
+        every rank receives from rank 0 when the group spans nodes."""
         policy = self.cfg.train.resume
         # resume=never is carried out by the launcher, which archives older checkpoints once per launch: a
         # group restarted after a failure continues from what this launch wrote.
-        path = resume_source("auto" if policy == "never" else policy, self.checkpoints)
-        if path is None:
+        own = "auto" if policy == "never" else policy
+        path, saved = shared_checkpoint(self.env, self.checkpoints, lambda: resume_source(own, self.checkpoints), sha1)
+        if path is None or saved is None:
             return
-        saved = load_checkpoint(path)
         differences = model_differences(
             saved,
             self.cfg.model.model_dump(mode="json"),
@@ -177,13 +189,29 @@ class Trainer:
                 + "; ".join(differences)
                 + ". Use the checkpoint's settings, or train.resume=never to start over."
             )
-        self.load_state_dict(saved)
+        self._check_model_source(path, saved.get(MODEL_SOURCE))
+        self.load_state_dict(saved, path)
         log.info(
             "resumed from %s (epoch %d, step %d of the epoch, global step %d)",
             path,
             self.state.epoch,
             self.state.step_in_epoch,
             self.state.global_step,
+        )
+
+    def _check_model_source(self, path, saved: dict | None) -> None:
+        """Refuse to continue with an edited factory file unless train.accept_changed_model_source says so."""
+        now = self.model_source
+        if not saved or not now or saved.get("sha256") == now["sha256"]:
+            return
+        if self.cfg.train.accept_changed_model_source:
+            log.warning("resuming from %s with %s edited since (train.accept_changed_model_source)", path, now["file"])
+            return
+        raise ConfigError(
+            f"cannot resume from {path}: {now['file']}, the source of model.name={self.cfg.model.name}, changed "
+            f"since the checkpoint was written (SHA-256 {saved.get('sha256', '?')[:12]} then, {now['sha256'][:12]} "
+            "now). Put the source back, set train.accept_changed_model_source=true if the change is intended (the "
+            "saved weights are loaded into the edited model), or train.resume=never to start over"
         )
 
     def save(self) -> None:
@@ -196,12 +224,19 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------------------
 
-    def fit(self, sinks: MetricSinks, *, launched_at: float | None = None, live_console: bool = False) -> None:
+    def fit(
+        self,
+        sinks: MetricSinks,
+        *,
+        launched_at: float | None = None,
+        live_console: bool = False,
+        resume_sha1: str | None = None,
+    ) -> None:
         """Train from the newest checkpoint (or the start) to train.epochs or an early stop. ``launched_at``: wall
         time the launcher started torchrun (logged as launch-to-first-step); ``live_console``: rank 0's progress
-        bar may redraw in place."""
+        bar may redraw in place; ``resume_sha1``: the checkpoint the launcher chose to continue from."""
         self.launched_at = launched_at
-        self.resume()
+        self.resume(resume_sha1)
         cfg, env, s = self.cfg, self.env, self.state
         if s.done(cfg.train.epochs):
             log.info("training already complete (global step %d)", s.global_step)
@@ -328,13 +363,15 @@ class Trainer:
                 log.warning("torch.compile compiled no graph: training runs eagerly (see the log above for why)")
         return losses
 
-    def _reduction_error(self, batches: dict) -> DistributedError:
+    def _reduction_error(self, batches: dict) -> ConfigError:
         """DDP's "Expected to have finished reduction" names no parameter; find the ones this step's tasks skip."""
         names = sorted(set.intersection(*(set(self.unused_by_task[n]) for n in batches)))
-        return DistributedError(
+        return ConfigError(
             f"DDP found parameters without a gradient at step {self.state.global_step} on rank {self.env.rank} "
-            f"(tasks this step: {', '.join(batches)}): {', '.join(names[:20]) or 'unknown'}. Use "
-            "train.task_sampling=all, or report this: the trainer should have enabled find_unused_parameters."
+            f"(tasks this step: {', '.join(batches)}; unused on the probe batches: {', '.join(names[:20]) or 'none'}"
+            f"): the model (model.name={self.cfg.model.name}) skips some of its parameters on some steps. Set "
+            "train.find_unused_parameters=true (DDP then looks for them at every step, at some cost), or make its "
+            "forward use every parameter at every step"
         )
 
     def _optimizer_step(self, losses: dict[str, torch.Tensor]) -> None:

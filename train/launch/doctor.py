@@ -20,6 +20,7 @@ from pathlib import Path
 from train.config import Config
 from train.data.cache import CacheInfo
 from train.errors import ConfigError, PreflightError, TrainError
+from train.launch.address import advertised_address, is_public
 from train.launch.capacity import MiB, find_caches, mib, needs_by_filesystem, shm_need
 from train.launch.topology import Topology, nproc_for, topology_from_environ
 
@@ -255,7 +256,7 @@ def check_rendezvous(cfg: Config, facts: Facts, held: bool = False) -> tuple[Che
             "stop what holds it (ss -ltnp) or pick another port in RDZV_ENDPOINT",
         ), topology
     try:
-        socket.getaddrinfo(host, port)
+        resolved = socket.getaddrinfo(host, port)[0][4][0]
     except OSError as e:
         return Check(
             "rendezvous",
@@ -263,7 +264,26 @@ def check_rendezvous(cfg: Config, facts: Facts, held: bool = False) -> tuple[Che
             f"{where}: host {host!r} does not resolve ({e})",
             "set RDZV_ENDPOINT to the first node's address",
         ), topology
-    return Check("rendezvous", PASS, where), topology
+    return _exposure(where, resolved, facts, host, port), topology
+
+
+def _exposure(where: str, endpoint: str, facts: Facts, host: str, port: int) -> Check:
+    """A warning when the rendezvous, or the address this node advertises, is public: torch.distributed trusts
+    whoever reaches its store and gloo/NCCL ports, and the launch plan travels through that store."""
+    try:
+        advertised = advertised_address(facts.environ, host, port)
+    except ConfigError as e:
+        return Check("rendezvous", FAIL, f"{where}: {e}", "set ADVERTISE_ADDR to this node's address on the network")
+    public = [a for a in dict.fromkeys((endpoint, advertised)) if is_public(a)]
+    if public:
+        return Check(
+            "rendezvous",
+            WARN,
+            f"{where}; advertises {advertised}: {', '.join(public)} is a public address, and anyone who reaches the "
+            "rendezvous or gloo/NCCL ports can join or steer the run",
+            "put the nodes on a private network or VPN and firewall the ports to the peers (README, multi-node)",
+        )
+    return Check("rendezvous", PASS, f"{where}; this node advertises {advertised}")
 
 
 def check_shm(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None], facts: Facts) -> Check:

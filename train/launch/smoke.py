@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from train.config import Config
+from train.errors import TrainError
 from train.launch.doctor import doctor
 from train.launch.session import launch_session
 from train.launch.torchrun import launch, resolve_nproc
@@ -29,6 +30,12 @@ def run_smoke(cfg: Config, nproc: str | int | None, *, compile_step: bool = True
         start = time.perf_counter()
         n = resolve_nproc(nproc, cfg)
         session.ready_to_launch()
-        launch(run, n, cfg, [] if compile_step else ["--skip-compile"], module="train.smoke_worker")
+        error = None
+        try:
+            args = [] if compile_step else ["--skip-compile"]
+            launch(run, n, cfg, args, module="train.smoke_worker", address=session.address)
+        except TrainError as e:
+            error = e
+        session.conclude(error)
     log.info("smoke test passed in %.1f s; results in %s", time.perf_counter() - start, run.smoke_results)
     return run.root

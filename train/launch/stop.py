@@ -1,4 +1,4 @@
-"""Stop requests to the launcher outside torchrun: SIGTERM and SIGUSR1 end any stage cleanly with exit 75.
+"""Stop requests to the launcher outside torchrun: SIGTERM, SIGUSR1 and SIGHUP end any stage cleanly with exit 75.
 
 SLURM's ``--signal`` and a scheduler's SIGTERM can arrive while the launcher runs the doctor, generates or
 downloads data, builds a cache or waits for the other nodes. With the default action the process would die
@@ -20,7 +20,8 @@ from types import FrameType
 
 from train.errors import StopRequested
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# SIGHUP: the terminal the launcher ran in was closed (an ssh session dropped); a stop like any other.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
@@ -38,7 +39,7 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGUSR1 into StopRequested for the duration of the block (main thread only)."""
+    """Turn SIGTERM, SIGUSR1 and SIGHUP into StopRequested for the duration of the block (main thread only)."""
     StopRequested.pending = None
     previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
     try:
@@ -52,7 +53,7 @@ def stop_on_signals() -> Iterator[None]:
 
 @contextlib.contextmanager
 def stop_signals_deferred() -> Iterator[list[int]]:
-    """Hold SIGTERM and SIGUSR1 for a bounded piece of cleanup that a stop must not cut short (the launcher's
+    """Hold SIGTERM, SIGUSR1 and SIGHUP for a bounded piece of cleanup that a stop must not cut short (the launcher's
     wait for the remote); yields the signals that arrived, which the caller has already decided how to end."""
     arrived: list[int] = []
     if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals

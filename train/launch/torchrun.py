@@ -25,6 +25,7 @@ from train.errors import (
     PreflightError,
     TrainError,
 )
+from train.launch.address import network_environ
 from train.launch.topology import Topology, nproc_for, topology_from_environ
 from train.obs.log import debug_enabled, redacted_environ
 from train.run_dir import RunDir
@@ -48,6 +49,9 @@ TIMEOUT_HINT = (
 # Signals the agent forwards to the ranks (then waits dist.shutdown_timeout_s before SIGKILL): USR1 is what
 # SLURM sends before the time limit (--signal=B:USR1@...), so the ranks can checkpoint.
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1")
+# The signals that ask a rank to stop (train.engine.signals): outside training nothing handles them, and a rank
+# killed by one while evaluating was stopped, not broken.
+STOP_SIGNALS_OF_RANKS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT)
 
 
 def resolve_nproc(requested: str | int | None, cfg: Config) -> int:
@@ -82,11 +86,14 @@ def torchrun_argv(
     args: list[str],
     debug: bool,
     live_console: bool = False,
+    address: str | None = None,
 ) -> list[str]:
     """The torchrun command line: standalone on one node, c10d rendezvous on the first node across several.
 
     ``live_console``: the launcher's stderr is a terminal; local rank 0 then writes its stderr straight to it
     (its progress bar redraws in place, which a line-by-line tee cannot show) and tees only its stdout.
+    ``address``: what this node advertises to the others (the agents' own default is the hostname, which other
+    boxes often cannot resolve).
     """
     tee = "3"
     if live_console and not debug:
@@ -100,6 +107,7 @@ def torchrun_argv(
             # Node 0's launcher hosts the store for the whole launch (train.launch.node_barrier); no agent may
             # bind it, or a second launcher on the same host could take the port first.
             f"--rdzv-conf=join_timeout={cfg.dist.timeout_s},is_host=false",
+            *([f"--local-addr={address}"] if address else []),
         ]
     else:
         where = ["--standalone"]
@@ -209,9 +217,18 @@ def exit_code_of(failure) -> int:
     return own if own is not None else 128 - failure.exitcode
 
 
-def launch(run: RunDir, nproc: int, cfg: Config, worker_args: list[str], module: str = "train.worker") -> None:
+def launch(
+    run: RunDir,
+    nproc: int,
+    cfg: Config,
+    worker_args: list[str],
+    module: str = "train.worker",
+    address: str | None = None,
+    resume_sha1: str | None = None,
+) -> None:
     """Run ``python -m MODULE --run-dir RUN --launch-record RECORD WORKER_ARGS`` on ``nproc`` local ranks; raise
-    WorkerFailure on failure."""
+    WorkerFailure on failure. ``address``: the address this node advertises to the others (several nodes);
+    ``resume_sha1``: the checkpoint rank 0 must continue from (the launch plan's)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -223,6 +240,14 @@ def launch(run: RunDir, nproc: int, cfg: Config, worker_args: list[str], module:
     # Ranks sharing a CPU must not each start one thread per core: that oversubscribes and crawls.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     # Lines a rank prints (native crashes, NCCL) are prefixed with its global rank on the console.
+    if topology.multi_node:
+        # torchrun's ${rank} is its own numbering, not the ranks' (below): name the node and the local rank
+        os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", f"[node{topology.node_rank}:${{local_rank}}]:")
+        # The ranks number themselves node by node (train.distributed.env): rank 0 is on node 0, whose run folder
+        # is the run's, whatever order the agents met in.
+        os.environ.update(TRAIN_NODE_RANK=str(topology.node_rank), TRAIN_NNODES=str(topology.nnodes))
+        for name, value in network_environ(address).items() if address else ():
+            os.environ.setdefault(name, value)
     os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]:")
     if debug:
         for name, value in debug_variables(run).items():
@@ -236,9 +261,10 @@ def launch(run: RunDir, nproc: int, cfg: Config, worker_args: list[str], module:
         run.flight_recorder.mkdir(parents=True, exist_ok=True)
         log.debug("environment: %s", redacted_environ(os.environ))
     live = sys.stderr.isatty()
-    record = run.write_launch_record(topology.node_rank, run.lock_paths(topology.node_rank)[1], live and not debug)
+    ranks_lock = run.lock_paths(topology.node_rank)[1]
+    record = run.write_launch_record(topology.node_rank, ranks_lock, live and not debug, resume_sha1)
     rank_args = ["--run-dir", str(run.root), "--launch-record", str(record), *worker_args]
-    argv = torchrun_argv(topology, nproc, cfg, run.logs / "torchrun", module, rank_args, debug, live)
+    argv = torchrun_argv(topology, nproc, cfg, run.logs / "torchrun", module, rank_args, debug, live, address)
     where = f"node {topology.node_rank} of {topology.nnodes} ({topology.source})" if topology.multi_node else "1 node"
     log.info("launching %d rank(s) on %s: torchrun %s", nproc, where, " ".join(argv))
     run.clear_preempted()
@@ -252,11 +278,18 @@ def launch(run: RunDir, nproc: int, cfg: Config, worker_args: list[str], module:
             raise Preempted(
                 f"stopped by a signal, checkpoint saved in {run.root}; re-run the same command to resume"
             ) from None
+        stopped = {-f.exitcode for f in e.failures.values()} <= {int(s) for s in STOP_SIGNALS_OF_RANKS}
+        if stopped and _evaluating(run, cfg, module, worker_args):
+            _stopped_while_evaluating(signal.Signals(-next(iter(e.failures.values())).exitcode))
         failures = sorted(e.failures.items(), key=lambda item: (_blame_order(item[1]), item[1].timestamp, item[0]))
-        lines = [describe_failure(rank, failure) for rank, failure in failures]
+        # torchrun numbers ranks in the order the agents met; the ranks number themselves node by node
+        ours = (lambda r, f: topology.node_rank * nproc + f.local_rank) if topology.multi_node else (lambda r, f: r)
+        lines = [describe_failure(ours(rank, failure), failure) for rank, failure in failures]
         summary = f"{_what(module, worker_args)} failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run.logs}"
         raise WorkerFailure(exit_code_of(failures[0][1]), summary) from None
     except SignalException as e:
+        if not run.preempted and _evaluating(run, cfg, module, worker_args):
+            _stopped_while_evaluating(e.sigval)
         _stopped_by_signal(run, e.sigval, cfg)
     except RendezvousError as e:
         reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -275,8 +308,27 @@ def _what(module: str, worker_args: list[str]) -> str:
     """What the ranks were doing, for the first line of a failure: training, evaluation or the smoke test."""
     if module == "train.smoke_worker":
         return "the smoke test"
-    stages = worker_args[worker_args.index("--stages") + 1].split(",") if "--stages" in worker_args else ["fit"]
-    return "training" if "fit" in stages else "evaluation"
+    return "training" if "fit" in _stages(worker_args) else "evaluation"
+
+
+def _stages(worker_args: list[str]) -> list[str]:
+    return worker_args[worker_args.index("--stages") + 1].split(",") if "--stages" in worker_args else ["fit"]
+
+
+def _evaluating(run: RunDir, cfg: Config, module: str, worker_args: list[str]) -> bool:
+    """Whether the ranks were past training (evaluating, or writing the report) in this launch."""
+    if module != "train.worker" or "evaluate" not in _stages(worker_args):
+        return False
+    return "fit" not in _stages(worker_args) or run.fit_is_done(cfg)
+
+
+def _stopped_while_evaluating(sig: signal.Signals) -> None:
+    """Evaluation keeps no state: a stop during it loses nothing, and the re-run evaluates (its report is written
+    atomically, so none is left half-written). Exit 75, so a scheduler requeues it."""
+    raise Preempted(
+        f"stopped by {sig.name} during the evaluation, after training was complete; nothing is lost: re-run the same "
+        "command to evaluate"
+    ) from None
 
 
 def _stopped_by_signal(run: RunDir, sig: signal.Signals, cfg: Config) -> None:

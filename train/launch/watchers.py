@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Iterator
 
-from train.config import Config
+from train.config import Config, run_identity
 from train.launch.stop import stop_signals_deferred
 from train.launch.topology import topology_from_environ
 from train.obs.tracking import open_tracker, outcome_of
@@ -24,15 +24,22 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def watched_launch(cfg: Config, run: RunDir, remote: Remote | None) -> Iterator[RunMirror | None]:
+def watched_launch(
+    cfg: Config, run: RunDir, remote: Remote | None, *, node_local: bool = False
+) -> Iterator[RunMirror | None]:
     """Mirror ``run`` to ``remote`` and track it in W&B (each when configured) while the block runs the ranks;
-    yields the mirror (None without a remote)."""
+    yields the mirror (None without a remote). ``node_local``: this node (not node 0) keeps a run folder of its
+    own, which holds only its ranks' logs worth mirroring."""
     node_rank = topology_from_environ(os.environ, run.root.name).node_rank
     mirror = None
     if remote is not None:  # first: a remote that cannot be reached fails the launch before W&B starts a run
-        mirror = RunMirror(remote, run, cfg.train.keep_checkpoints, node_rank=node_rank).start()
+        mirror = RunMirror(
+            remote, run, cfg.train.keep_checkpoints, node_rank=node_rank, node_local=node_local,
+            identity=run_identity(cfg),
+        )  # fmt: skip
+        mirror.start()
     try:
-        tracker = open_tracker(cfg, run.root)
+        tracker = open_tracker(cfg, run.root) if node_rank == 0 else None  # one W&B run, from the run's node
     except BaseException:
         if mirror is not None:
             mirror.finish(cfg.run.remote_wait_s)

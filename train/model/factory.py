@@ -78,6 +78,31 @@ def resolve_factory(name: str, key: str = "model.name") -> Factory:
     return factory
 
 
+def factory_source(name: str) -> dict[str, str] | None:
+    """The file that defines a user factory and its SHA-256 (None for a built-in model, or a module without a
+    file): recorded in each checkpoint, so that resuming with an edited model is a choice, not an accident."""
+    where = name.rpartition(":")[0]
+    if name in ("transformer", "fno", "unet") or not where:
+        return None
+    if where.endswith(".py"):
+        path = Path(where)
+    else:
+        spec = importlib.util.find_spec(where)
+        if spec is None or not spec.origin or not Path(spec.origin).is_file():
+            return None
+        path = Path(spec.origin)
+    return {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def forward_failed(model_name: str, error: Exception, shapes: Mapping[str, tuple[int, ...]]) -> ConfigError:
+    """A user model whose forward raises on a probe batch: its own problem, named before any step."""
+    where = ", ".join(f"{name} {tuple(shape)}" for name, shape in shapes.items())
+    return ConfigError(
+        f"model.name={model_name}: the model's forward raised {type(error).__name__}: {str(error)[:800]} on a probe "
+        f"batch of real inputs ({where}; channels last); fix the model's forward"
+    )
+
+
 def build_model(specs: Mapping[str, TaskSpec], cfg: ModelConfig) -> nn.Module:
     """A freshly initialised model for these tasks (initialised from torch's default generator)."""
     if cfg.name == "transformer":
@@ -126,4 +151,10 @@ def check_outputs(
             raise ConfigError(
                 f"model.name={model_name}: task '{name}' prediction has shape {got}, expected {want} "
                 "(batch, *grid, out_channels)"
+            )
+        if not bool(torch.isfinite(outputs[name]).all()):
+            raise ConfigError(
+                f"model.name={model_name}: the model's output for task '{name}' is not finite (NaN or inf) on a "
+                "probe batch of real inputs, before any training step: no learning rate can fix that. Check its "
+                "initialisation and forward (a division by zero, a log of a negative, an uninitialised buffer)"
             )

@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from train import run_files
 from train.atomic import write_json_atomic
 from train.checkpoint import BEST, checkpoint_step, latest_checkpoint
 from train.remote.store import LocalFile, Remote, sha1_of
@@ -32,20 +33,22 @@ from train.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
-POINTER = "checkpoints/latest.json"
+POINTER = run_files.POINTER
 ATTEMPTS = 4
 """Tries of one upload before it is given up until its file changes (or the ranks stop)."""
 BACKOFF_S = 2.0
 """Pause after the first failed try; it doubles after each further one."""
 POLL_S = 1.0
 """How often the run folder is looked at for a new checkpoint."""
-STAGING = ".mirror"
+STAGING = run_files.MIRROR_STAGING
 # Small files of the run folder, mirrored whenever they change.
-RUN_FILES = ("config.yaml", "wandb.json")
+RUN_FILES = (run_files.CONFIG, run_files.WANDB_STATE)
 
 
 def read_pointer(remote: Remote) -> dict | None:
-    """The remote's checkpoint pointer, or None when it has none (a new run) or it is unreadable."""
+    """The remote's checkpoint pointer, or None when it has none (a new run). An unreadable one is rebuilt from
+    the checkpoints the remote lists: taken for "no checkpoint yet", it would let a new launch train from step 0
+    and its first mirrored checkpoint prune the remote's intact ones."""
     if remote.stat(POINTER) is None:
         return None
     staging = Path(os.environ.get("TMPDIR", "/tmp"))
@@ -54,12 +57,45 @@ def read_pointer(remote: Remote) -> dict | None:
         remote.download(POINTER, tmp)
         pointer = json.loads(tmp.read_text())
     except (OSError, ValueError) as e:
-        log.warning("remote: %s/%s is unreadable (%s); it is ignored", remote.url, POINTER, e)
-        return None
+        return rebuilt_pointer(remote, f"{type(e).__name__}: {e}")
     finally:
         tmp.unlink(missing_ok=True)
     ok = isinstance(pointer, dict) and isinstance(pointer.get("kept"), list)
-    return pointer if ok else None
+    ok = ok and all(isinstance(e, dict) and checkpoint_step(str(e.get("name"))) is not None for e in pointer["kept"])
+    return pointer if ok else rebuilt_pointer(remote, "not a pointer: no list of kept checkpoints")
+
+
+def rebuilt_pointer(remote: Remote, why: str) -> dict:
+    """A pointer made from the step checkpoints (and best.pt) the remote lists, newest first, each with the size
+    and SHA1 the remote holds (B2 checked that SHA1 on upload; a folder's is read from its bytes), against which
+    a restore checks what it fetches. None listed: DataError, the launch stops (exit 3) and deletes nothing."""
+    from train.errors import DataError
+
+    names = [n.rsplit("/", 1)[-1] for n in remote.names("checkpoints")]
+    steps = sorted((s, n) for n in names if (s := checkpoint_step(n)) is not None)
+    kept = []
+    for step, name in reversed(steps):
+        stat = remote.stat(f"checkpoints/{name}")
+        if stat is not None and stat.sha1:
+            kept.append({"name": name, "step": step, "size": stat.size, "sha1": stat.sha1})
+    if not kept:
+        raise DataError(
+            f"remote: {remote.url}/{POINTER} cannot be read ({why}) and the remote lists no checkpoint to rebuild it "
+            f"from. Nothing was changed; if the run there is to start over, delete {remote.url}/{POINTER}"
+        )
+    best = remote.stat(f"checkpoints/{BEST}") if BEST in names else None
+    log.warning(
+        "remote: %s/%s cannot be read (%s); rebuilt from the %d checkpoint(s) the remote lists (newest %s)",
+        remote.url, POINTER, why, len(kept), kept[0]["name"],
+    )  # fmt: skip
+    best_entry = {"name": BEST, "size": best.size, "sha1": best.sha1} if best is not None and best.sha1 else None
+    return {"checkpoint": kept[0]["name"], "kept": kept, "best": best_entry}
+
+
+def belongs_to(entry: dict, identity: str | None) -> bool:
+    """Whether a pointer entry is a checkpoint of the run ``identity`` (entries written before the pointer
+    carried identities count as the run's: the remote's config was checked against this run)."""
+    return identity is None or entry.get("run") in (None, identity)
 
 
 def _signature(path: Path) -> tuple[int, int, int]:
@@ -71,9 +107,20 @@ class RunMirror:
     """Mirrors ``run`` to ``remote`` from a background thread; :meth:`finish` ends it, waiting a bounded time."""
 
     def __init__(
-        self, remote: Remote, run: RunDir, keep: int, *, node_rank: int = 0, poll_s: float | None = None
+        self,
+        remote: Remote,
+        run: RunDir,
+        keep: int,
+        *,
+        node_rank: int = 0,
+        node_local: bool = False,
+        identity: str | None = None,
+        poll_s: float | None = None,
     ) -> None:
         self.remote, self.run, self.keep, self.node_rank = remote, run, keep, node_rank
+        self.identity = identity
+        """The run's identity (train.config.run_identity), with which each checkpoint is tagged in the pointer."""
+        self.node_local = node_local and node_rank > 0
         self.poll_s = POLL_S if poll_s is None else poll_s
         self.pointer = read_pointer(remote)  # in the caller's thread: missing credentials fail the launch now
         self.failures = 0
@@ -103,7 +150,7 @@ class RunMirror:
             self._thread.join(timeout_s)
             log.info("remote: %s is node 0's run folder too; node 0's launcher mirrors it", self.run.root)
             return True
-        newest = latest_checkpoint(self.run.checkpoints)
+        newest = None if self.node_local else latest_checkpoint(self.run.checkpoints)
         what = f"{newest.name}, " if newest else ""
         log.info("remote: waiting up to %d s for %sthe metrics, report and logs to reach %s", timeout_s, what,
                  self.remote.url)  # fmt: skip
@@ -139,12 +186,18 @@ class RunMirror:
             log.exception("remote: the mirror stopped; training goes on without it")
 
     def _shared_with_node_0(self) -> bool:
-        """On several nodes, rank 0 (and its checkpoints) may be on any node, so every launcher mirrors its own
-        run folder, unless that folder is node 0's too (a shared file system): then node 0's launcher alone does."""
-        return self.node_rank > 0 and self.run.launch_record(0).is_file()
+        """Another node whose run folder is node 0's too (a shared file system): node 0's launcher mirrors it."""
+        return self.node_rank > 0 and not self.node_local
 
     def _pass(self, final: bool) -> None:
         if self._shared_with_node_0():
+            return
+        if self.node_local:
+            # Rank 0, and with it the run's checkpoints, metrics and report, is on node 0: this node's folder
+            # holds only its own ranks' logs worth sending (anything else in it is stale).
+            if final and self.run.logs.is_dir():
+                for path in sorted(p for p in self.run.logs.rglob("*") if p.is_file()):
+                    self._send_file(path.relative_to(self.run.root).as_posix(), final)
             return
         newest = latest_checkpoint(self.run.checkpoints)
         sent_checkpoint = newest is not None and self._checkpoint(newest, final)
@@ -154,7 +207,7 @@ class RunMirror:
             if (self.run.root / name).is_file():
                 self._send_file(name, final)
         if sent_checkpoint or final:
-            self._send_file("metrics.jsonl", final)
+            self._send_file(run_files.METRICS, final)
         if final:
             for folder in (self.run.report, self.run.logs):
                 for path in sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else ():
@@ -169,8 +222,13 @@ class RunMirror:
         if staged is None:
             return False
         entry = {"name": path.name, "step": checkpoint_step(path.name), "size": staged.size, "sha1": staged.sha1}
+        if self.identity is not None:
+            entry["run"] = self.identity
         old = self.pointer or {}
-        older = [e for e in old.get("kept", []) if e.get("step", -1) < entry["step"]]
+        # Entries of another run are never carried on (the launch checked the remote's config, but a pointer
+        # written by another run under a missing or replaced config.yaml must not name its checkpoints as ours).
+        ours = [e for e in old.get("kept", []) if belongs_to(e, self.identity)]
+        older = [e for e in ours if e.get("step", -1) < entry["step"]]
         pointer = {"checkpoint": path.name, "kept": [entry, *older][: self.keep], "best": old.get("best")}
         if not self._write_pointer(pointer, final):
             return False
@@ -200,6 +258,8 @@ class RunMirror:
         if staged is None:
             return
         best = {"name": BEST, "size": staged.size, "sha1": staged.sha1}
+        if self.identity is not None:
+            best["run"] = self.identity
         if self._write_pointer({**(self.pointer or {"checkpoint": None, "kept": []}), "best": best}, final):
             self._sent[name] = staged.signature
 
@@ -209,7 +269,7 @@ class RunMirror:
             self._sent[name] = staged.signature
 
     def _write_pointer(self, pointer: dict, final: bool) -> bool:
-        local = self._staging / "latest.json"
+        local = self._staging / POINTER.rsplit("/", 1)[-1]
         write_json_atomic(local, pointer)
         if self._upload(POINTER, local, final, link=False, force=True) is None:
             return False
@@ -276,7 +336,7 @@ class RunMirror:
                   "time": time.time()}  # fmt: skip
         line = (json.dumps(record) + "\n").encode()
         # One write on an O_APPEND descriptor: the line lands whole between rank 0's own lines.
-        fd = os.open(self.run.root / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.run.root / run_files.METRICS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line)
         finally:

@@ -12,11 +12,12 @@ import logging
 import tempfile
 from pathlib import Path
 
+from train import run_files
 from train.atomic import atomic_path
 from train.checkpoint import BEST, list_checkpoints
-from train.config import Config, load_config, training_differences
+from train.config import Config, load_config, run_identity, training_differences
 from train.errors import ConfigError, DataError
-from train.remote.mirror import POINTER, RUN_FILES, read_pointer
+from train.remote.mirror import POINTER, RUN_FILES, belongs_to, read_pointer
 from train.remote.store import Remote, sha1_of
 from train.run_dir import RunDir
 
@@ -35,12 +36,13 @@ def _fetch(remote: Remote, name: str, dest: Path, sha1: str | None) -> None:
 
 
 def check_remote_config(cfg: Config, remote: Remote) -> None:
-    """Refuse to continue a remote run whose config differs in what training depends on."""
-    if remote.stat("config.yaml") is None:
+    """Refuse a remote that holds another run (a config that differs in what training depends on): on every launch
+    that mirrors, whatever train.resume says, since the mirror would replace its config and prune its checkpoints."""
+    if remote.stat(run_files.CONFIG) is None:
         return
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "config.yaml"
-        _fetch(remote, "config.yaml", path, None)
+        path = Path(folder) / run_files.CONFIG
+        _fetch(remote, run_files.CONFIG, path, None)
         differences = training_differences(load_config(path), cfg)
     if differences:
         raise ConfigError(
@@ -50,16 +52,25 @@ def check_remote_config(cfg: Config, remote: Remote) -> None:
 
 
 def restore_run(cfg: Config, run: RunDir, remote: Remote) -> str | None:
-    """Fetch the remote's newest good checkpoint when ``run`` has none; returns its name (None: nothing fetched)."""
+    """Fetch the remote's newest good checkpoint when ``run`` has none; returns its name (None: nothing fetched).
+    The caller has checked that the remote holds this run (``check_remote_config``)."""
     if list_checkpoints(run.checkpoints):
         return None
-    check_remote_config(cfg, remote)
     pointer = read_pointer(remote)
     if pointer is None or not pointer.get("kept"):
         log.info("remote: %s holds no checkpoint of this run yet; starting here", remote.url)
         return None
+    identity = run_identity(cfg)
+    foreign = [e.get("name") for e in pointer["kept"] if not belongs_to(e, identity)]
+    if foreign:
+        log.warning("remote: %s lists checkpoints of another run (%s); they are not used", remote.url,
+                    ", ".join(map(str, foreign)))  # fmt: skip
+    kept = [e for e in pointer["kept"] if belongs_to(e, identity)]
+    if not kept:
+        log.info("remote: %s holds no checkpoint of this run; starting here", remote.url)
+        return None
     chosen = None
-    for entry in pointer["kept"]:  # newest first
+    for entry in kept:  # newest first
         name = entry.get("name", "")
         try:
             _fetch(remote, f"checkpoints/{name}", run.checkpoints / name, entry.get("sha1"))
@@ -70,17 +81,17 @@ def restore_run(cfg: Config, run: RunDir, remote: Remote) -> str | None:
         break
     if chosen is None:
         raise DataError(
-            f"none of the {len(pointer['kept'])} checkpoint(s) that {remote.url}/{POINTER} lists could be fetched "
+            f"none of the {len(kept)} checkpoint(s) that {remote.url}/{POINTER} lists could be fetched "
             f"intact (see the errors above); delete {remote.url} to start the run over, or copy a good checkpoint "
             f"into {run.checkpoints}"
         )
     best = pointer.get("best")
-    if best:
+    if best and belongs_to(best, identity):
         try:
             _fetch(remote, f"checkpoints/{BEST}", run.checkpoints / BEST, best.get("sha1"))
         except DataError as e:
             log.warning("remote: best.pt is not used (%s); validation chooses a new best from here", e)
-    for name in ("metrics.jsonl", *RUN_FILES):
+    for name in (run_files.METRICS, *RUN_FILES):
         if not (run.root / name).exists() and remote.stat(name) is not None:
             try:
                 _fetch(remote, name, run.root / name, None)

@@ -159,12 +159,21 @@ class B2Remote(_Verifying, B2Store):
 Remote = FolderRemote | B2Remote
 
 
-def open_remote(url: str, run_name: str, b2_api=None) -> Remote:
-    """The run's folder under ``run.remote``; a folder remote is created when missing."""
+def open_remote(url: str, run_name: str, b2_api=None, run_root: Path | None = None) -> Remote:
+    """The run's folder under ``run.remote``; a folder remote is created when missing. ``run_root``: the local
+    run folder, which a folder remote may neither be nor lie inside (nor hold): mirroring would copy files onto
+    themselves and swap metrics.jsonl under rank 0's open handle."""
     if url.startswith("b2://"):
         bucket, _, prefix = url.removeprefix("b2://").partition("/")
         return B2Remote(bucket, "/".join(p for p in (prefix.strip("/"), run_name) if p), b2_api)
     root = Path(url).expanduser() / run_name
+    if run_root is not None:
+        mine, theirs = Path(run_root).resolve(), root.resolve()
+        if mine == theirs or mine in theirs.parents or theirs in mine.parents:
+            raise ConfigError(
+                f"run.remote={url}: the run's remote folder {theirs} is its own run folder {mine} (or inside it, or "
+                "holds it); the remote must be another disk or a shared folder outside run.runs_dir/<run name>"
+            )
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -1,0 +1,216 @@
+"""Two boxes without a shared disk: one launcher and one rank on each, each box with its own run, data and cache
+folders, meeting across a veth pair.
+
+Every interrupted run must end with weights bitwise equal to the uninterrupted one (CPU, eager, gloo), whatever
+the other box's own run folder holds: node 0 decides the stages and the checkpoint, and rank 0, always on node
+0, sends the checkpoint's bytes to the ranks of node 1.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import startup_s
+from tests.multinode.hosts import Box
+from train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from train.obs.sinks import read_metrics
+
+# 80 steps of a few tens of ms: a window of seconds in which to interrupt the run at a random step.
+LONG = [
+    "--set", "train.epochs=2", "--set", "train.steps_per_epoch=40", "--set", "train.checkpoint_every=10",
+    "--set", "train.log_every=1", "--set", "model.d_model=64", "--set", "model.n_layers=2",
+    "--set", "model.dropout=0.1", "--set", "dist.timeout_s=60",
+]  # fmt: skip
+STEPS = 80
+_ports = iter(range(29600 + os.getpid() % 1000 * 10, 65000))
+
+
+class Job:
+    """One launch on both boxes: a launcher per box, NODE_RANK = the box's index."""
+
+    def __init__(self, boxes: list[Box], root: Path, command: str, run: str, *extra: str, tag: str = ""):
+        self.boxes, self.root, self.run = boxes, root, run
+        endpoint = f"{boxes[0].address}:{next(_ports)}"
+        self.logs = [root / f"{run}{tag}-node{b.index}.log" for b in boxes]
+        args = [command, "--config", "configs/tiny.yaml", "--nproc", "1", "--run", run, *extra]
+        self.procs = []
+        for box, log in zip(boxes, self.logs, strict=True):
+            env = {"NNODES": "2", "NODE_RANK": str(box.index), "RDZV_ENDPOINT": endpoint, "RDZV_ID": run}
+            self.procs.append(box.popen(*args, *box.folders(root), env=env, log=log))
+
+    def run_dir(self, node: int) -> Path:
+        return self.root / self.boxes[node].hostname / "runs" / self.run
+
+    def output(self, node: int) -> str:
+        return self.logs[node].read_text()
+
+    def wait(self, timeout: float | None = None) -> list[int]:
+        timeout = timeout or 120 * startup_s()
+        try:
+            return [p.wait(timeout=timeout) for p in self.procs]
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    def outputs(self) -> str:
+        return "\n".join(f"--- node {n} ---\n{self.output(n)[-4000:]}" for n in range(2))
+
+    def wait_for_step(self, step: int) -> int:
+        """Poll rank 0's metrics (on node 0) until it logged ``step``; returns the newest step seen."""
+        metrics = self.run_dir(0) / "metrics.jsonl"
+        deadline = time.monotonic() + 60 * startup_s()
+        while time.monotonic() < deadline:
+            assert all(p.poll() is None for p in self.procs), f"a launcher ended before step {step}:\n{self.outputs()}"
+            lines = [r for r in read_metrics(metrics) if "loss" in r]
+            if lines and lines[-1]["step"] >= step:
+                return lines[-1]["step"]
+            time.sleep(0.005)
+        raise AssertionError(f"step {step} not reached:\n{self.outputs()}")
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    state = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
+    assert state["progress"]["global_step"] == STEPS, state["progress"]
+    return state["model"]
+
+
+def assert_bitwise_equal(weights: dict, reference: dict) -> None:
+    assert weights.keys() == reference.keys()
+    different = [name for name in reference if not torch.equal(weights[name], reference[name])]
+    assert not different, f"weights differ from the uninterrupted run: {different}"
+
+
+@pytest.fixture(scope="module")
+def reference(boxes, tmp_path_factory) -> Job:
+    """The uninterrupted two-box run (all stages), ended."""
+    job = Job(boxes, tmp_path_factory.mktemp("two-boxes"), "run", "reference", *LONG)
+    codes = job.wait()
+    assert codes == [0, 0], job.outputs()
+    return job
+
+
+def test_a_fresh_run_keeps_the_run_on_node_0_and_a_relaunch_trains_nothing(boxes, reference):
+    node0, node1 = reference.run_dir(0), reference.run_dir(1)
+    assert (node0 / "report" / "summary.json").is_file() and len(list_checkpoints(node0 / "checkpoints")) > 0
+    # Rank 0 is on node 0 (though torchrun numbered node 1's agent first): node 1 keeps only its rank's log.
+    assert not list_checkpoints(node1 / "checkpoints") and not (node1 / "report").exists()
+    assert "training from epoch 1" in (node1 / "logs" / "rank1.log").read_text()
+    assert not (node1 / "logs" / "rank0.log").exists()
+    assert "node 0 decided: fit and evaluate" in reference.output(1)
+    assert "this node's own" in reference.output(1)
+
+    # A stale checkpoint on node 1 must not matter: node 0 decides, and rank 0 sends its checkpoint.
+    (node1 / "checkpoints").mkdir(parents=True, exist_ok=True)
+    shutil.copy(list_checkpoints(node0 / "checkpoints")[0], node1 / "checkpoints")
+    before = final_weights(node0)
+    again = Job(boxes, reference.root, "run", "reference", *LONG, tag="-again")
+    assert again.wait() == [0, 0], again.outputs()
+    assert "already holds 2 trained epochs" in again.output(0) and "is up to date" in again.output(0)
+    assert "node 0 decided: nothing to do" in again.output(1)
+    assert "launching" not in again.output(0) + again.output(1)
+    assert_bitwise_equal(final_weights(node0), before)
+
+
+def test_a_killed_node_stops_the_other_naming_it_and_the_relaunch_ends_bitwise_equal(boxes, reference, tmp_path):
+    at = random.Random().randrange(15, STEPS - 15)
+    print(f"SIGKILL to node 1's launcher at step {at}")
+    job = Job(boxes, tmp_path, "fit", "killed", *LONG)
+    job.wait_for_step(at)
+    killed = time.monotonic()
+    job.procs[1].kill()  # the launcher alone: its rank dies with it (parent-death signal)
+    code = job.procs[0].wait(timeout=120 * startup_s())
+    print(f"node 0 ended {time.monotonic() - killed:.1f} s after node 1's launcher was killed")
+    assert time.monotonic() - killed < 30 * max(1.0, startup_s() / 2), job.outputs()
+    job.kill()
+    assert code == 5, job.outputs()
+    assert "node(s) 1 stopped answering while the ranks ran" in job.output(0)
+    assert "Traceback" not in job.output(0)  # a peer that went away is no bug of this node's
+
+    again = Job(boxes, tmp_path, "fit", "killed", *LONG, tag="-again")
+    assert again.wait() == [0, 0], again.outputs()
+    assert "sent to these ranks by rank 0" in again.output(1)
+    assert_bitwise_equal(final_weights(again.run_dir(0)), final_weights(reference.run_dir(0)))
+
+
+def stop_both(job: Job, at: int) -> None:
+    """SIGTERM to both jobs (launcher, rank, workers), as a scheduler preempting them; both must end 75."""
+    job.wait_for_step(at)
+    for p in job.procs:
+        os.killpg(p.pid, signal.SIGTERM)
+    assert job.wait() == [75, 75], job.outputs()
+
+
+def test_sigterm_to_both_ends_75_on_both_and_the_relaunch_ends_bitwise_equal(boxes, reference, tmp_path):
+    at = random.Random().randrange(15, STEPS - 15)
+    print(f"SIGTERM to both at step {at}")
+    job = Job(boxes, tmp_path, "fit", "preempted", *LONG)
+    stop_both(job, at)
+    assert "node 0: stopped by" in job.output(1)
+    again = Job(boxes, tmp_path, "fit", "preempted", *LONG, tag="-again")
+    assert again.wait() == [0, 0], again.outputs()
+    assert_bitwise_equal(final_weights(again.run_dir(0)), final_weights(reference.run_dir(0)))
+
+
+def test_with_a_remote_two_interruptions_and_a_new_node_0_end_bitwise_equal(boxes, reference, tmp_path):
+    remote = tmp_path / "remote"
+    extra = [*LONG, "--set", f"run.remote={remote}", "--set", "run.remote_wait_s=60"]
+    first, second = sorted(random.Random().sample(range(15, STEPS - 15), 2))
+    print(f"SIGTERM to both at step {first}, node 0 replaced, SIGTERM again at step {second} (or later)")
+    job = Job(boxes, tmp_path, "fit", "mirrored", *extra)
+    stop_both(job, first)
+    shutil.rmtree(job.run_dir(0))  # node 0 is a new box: the run comes back from the remote
+    job = Job(boxes, tmp_path, "fit", "mirrored", *extra, tag="-2")
+    stop_both(job, second)
+    assert "remote: resuming from" in job.output(0)
+    job = Job(boxes, tmp_path, "fit", "mirrored", *extra, tag="-3")
+    assert job.wait() == [0, 0], job.outputs()
+    assert_bitwise_equal(final_weights(job.run_dir(0)), final_weights(reference.run_dir(0)))
+    # Node 1 mirrored its rank's logs alone: the remote's metrics are node 0's, up to the last step.
+    assert read_metrics(remote / "mirrored" / "metrics.jsonl")[-1]["step"] >= STEPS
+    assert (remote / "mirrored" / "logs" / "rank1.log").is_file()
+    assert not list_checkpoints(job.run_dir(1) / "checkpoints")
+
+
+def test_an_address_node_0_cannot_reach_fails_before_the_launch_naming_it(boxes, tmp_path):
+    # Node 1 advertises its loopback address, which node 0 cannot reach: named before any rank starts.
+    env = {"NNODES": "2", "RDZV_ENDPOINT": f"{boxes[0].address}:{next(_ports)}", "RDZV_ID": "u"}
+    args = ["smoke", "--config", "configs/tiny.yaml", "--nproc", "1", "--skip-compile"]
+    procs = [
+        box.popen(*args, *box.folders(tmp_path), env={**env, "NODE_RANK": str(box.index),
+                  **({"ADVERTISE_ADDR": "127.0.0.1"} if box.index == 1 else {})}, log=tmp_path / f"u{box.index}.log")
+        for box in boxes
+    ]  # fmt: skip
+    codes = [p.wait(timeout=60 * startup_s()) for p in procs]
+    outputs = [(tmp_path / f"u{n}.log").read_text() for n in range(2)]
+    assert codes[0] == 4 and codes[1] in (4, 5), outputs
+    assert "node 1 advertises 127.0.0.1, which this node" in outputs[0], outputs[0][-3000:]
+    assert "launching" not in outputs[0] + outputs[1]
+
+
+def test_the_doctor_and_launch_log_name_the_advertised_addresses(boxes, reference):
+    for node, box in enumerate(boxes):
+        assert f"node {node} advertises {box.address}; every node reaches every other" in reference.output(node)
+        assert f"--local-addr={box.address}" in reference.output(node)
+
+
+def test_ip_netns_is_what_separates_the_boxes(boxes):
+    # The boxes reach each other only through their veth pair, and neither resolves the other's hostname.
+    probe = subprocess.run(
+        boxes[1].command("python3", "-c", f"import socket; socket.gethostbyname({boxes[0].hostname!r})"),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert probe.returncode != 0

@@ -1,0 +1,40 @@
+"""Bring a run's remote up to date outside training: after a launch whose remote fell behind (unreachable,
+read-only or full for a while), and on every launch that finds nothing left to train or evaluate."""
+
+from __future__ import annotations
+
+import logging
+
+from train.config import Config, run_identity
+from train.errors import ConfigError, PreflightError
+from train.remote.mirror import RunMirror
+from train.remote.restore import check_remote_config
+from train.remote.store import Remote, open_remote
+from train.run_dir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+def catch_up(cfg: Config, run: RunDir, remote: Remote) -> bool:
+    """Mirror whatever of ``run`` the remote lacks (its newest checkpoint, best.pt, metrics, report, logs),
+    waiting up to run.remote_wait_s; True when the remote holds it all (what is missing is logged)."""
+    mirror = RunMirror(remote, run, cfg.train.keep_checkpoints, identity=run_identity(cfg))
+    return mirror.start().finish(cfg.run.remote_wait_s)
+
+
+def push_run(cfg: Config, b2_api=None) -> None:
+    """``python -m train push``: the run folder to run.remote now; PreflightError (exit 4) when not all of it
+    got there."""
+    if not cfg.run.remote:
+        raise ConfigError("push needs run.remote (b2://bucket/prefix or a folder): --set run.remote=...")
+    run = RunDir.of(cfg)
+    if not run.config.is_file():
+        raise ConfigError(f"{run.root} holds no run (no config.yaml): check --run and run.runs_dir")
+    remote = open_remote(cfg.run.remote, run.root.name, b2_api, run.root)
+    check_remote_config(cfg, remote)
+    if not catch_up(cfg, run, remote):
+        raise PreflightError(
+            f"remote: {remote.url} does not hold all of {run.root} (the warnings above say what is missing); run "
+            "the same command again once the remote is reachable and has room"
+        )
+    log.info("push: %s holds %s", remote.url, run.root)
