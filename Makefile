@@ -31,7 +31,7 @@ define checked
 	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
 endef
 
-.PHONY: help install train data cache fit evaluate doctor smoke-test slurm bench test test-unit test-distributed test-integration test-load test-slurm lint format clean build up docker-smoke docker-test
+.PHONY: help install train data cache fit evaluate doctor smoke-test push slurm bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
 
 help: ## List the targets
 	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
@@ -68,6 +68,9 @@ doctor: install ## Check this machine against CONFIG: GPUs, /dev/shm, SLURM, por
 smoke-test: install ## Collectives, 5 DDP steps vs one process, checkpoint round trip, torch.compile (seconds)
 	$(call checked,$(BIN)/python -m train smoke --config $(CONFIG) --nproc $(NPROC) $(foreach s,$(SET),--set $(s)))
 
+push: install ## Mirror runs/<name> to run.remote now, what a launch could not send (exit 4 naming what is missing)
+	$(call checked,$(BIN)/python -m train push --config $(CONFIG) $(if $(RUN),--run $(RUN)) $(foreach s,$(SET),--set $(s)))
+
 slurm: install ## Render an sbatch file from CONFIG's slurm section (SET="slurm.nodes=2 ..."; OUT=file)
 	$(call checked,$(BIN)/python -m train slurm --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)))
 
@@ -89,6 +92,9 @@ test-integration: install ## torchrun end-to-end tests
 LOAD ?= 2
 test-load: install ## The integration tier beside LOAD (2) busy processes, as on a shared machine (slow: not in CI)
 	$(call checked,$(BIN)/python -m pytest tests/integration --cpu-load=$(LOAD) $(PYTEST_ARGS))
+
+test-multinode: install ## Two launchers on two network namespaces without a shared disk (root and iproute2; skipped with the reason elsewhere)
+	$(call checked,$(BIN)/python -m pytest tests/multinode $(PYTEST_ARGS))
 
 test-slurm: install ## sbatch jobs on a SLURM cluster (skipped, with the reason, when none answers; scripts/ci/provision-slurm.sh makes one)
 	$(call checked,$(BIN)/python -m pytest tests/slurm $(PYTEST_ARGS))
