@@ -194,6 +194,43 @@ def test_finish_waits_a_bounded_time_and_says_what_is_left(tmp_path, b2, caplog)
     release.set()
 
 
+def test_ctrl_c_during_the_final_wait_says_what_the_remote_lacks(tmp_path, b2, caplog, monkeypatch):
+    remote = open_remote("b2://pdebench/runs", "run", b2.api)
+    run = RunDir(tmp_path / "runs" / "run")
+    release = threading.Event()
+    real = b2.sim.upload_part
+    b2.sim.upload_part = lambda *a, **k: release.wait(60) and real(*a, **k)
+    mirror = RunMirror(remote, run, keep=2, poll_s=0.01).start()
+    checkpoint(run, 7)
+
+    def interrupted(timeout=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mirror._thread, "join", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        mirror.finish(60)
+    assert f"interrupted while waiting; {remote.url} lacks {checkpoint_name(7)}" in caplog.text
+    assert "python -m train push" in caplog.text
+    release.set()
+
+
+def test_a_full_remote_folder_names_the_remote_not_the_local_folders(tmp_path, monkeypatch):
+    import errno
+
+    remote = open_remote(str(tmp_path / "remote"), "run")
+    local = tmp_path / "ckpt"
+    local.write_bytes(os.urandom(5000))
+
+    def full(source, dest):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("train.remote.store.shutil.copyfile", full)
+    with pytest.raises(UploadFailed) as e:
+        remote.upload(LocalFile(local, 5000, sha1_of(local)), "checkpoints/step_00000001.pt")
+    assert "the remote's disk is full" in str(e.value) and "4.9 KiB needed" in str(e.value)
+    assert "run.runs_dir" not in str(e.value) and not list((tmp_path / "remote").rglob("*.tmp"))
+
+
 def test_an_upload_the_folder_cannot_vouch_for_fails(tmp_path, monkeypatch):
     remote = open_remote(str(tmp_path / "remote"), "run")
     src = tmp_path / "src.bin"

@@ -156,7 +156,13 @@ class RunMirror:
                  self.remote.url)  # fmt: skip
         started = time.monotonic()
         self._finishing.set()
-        self._thread.join(timeout_s)
+        try:
+            self._thread.join(timeout_s)
+        except KeyboardInterrupt:  # Ctrl-C: stop waiting, but say what the remote lacks
+            self._abandoned.set()
+            log.warning("remote: interrupted while waiting; %s lacks %s, still in %s (python -m train push sends it)",
+                        self.remote.url, self._missing(newest), self.run.root)  # fmt: skip
+            raise
         if self._thread.is_alive():
             self._abandoned.set()
             log.warning("remote: gave up waiting after %d s (run.remote_wait_s); what did not reach %s is still in %s",
@@ -172,6 +178,12 @@ class RunMirror:
         if self._given_up:
             log.warning("remote: not mirrored: %s (see the warnings above)", ", ".join(sorted(self._given_up)))
         return not self._given_up
+
+    def _missing(self, newest: Path | None) -> str:
+        """What the remote lacks, as far as this mirror knows: the newest checkpoint, files given up, the rest."""
+        missing = [newest.name] if newest is not None and self.newest_mirrored != newest.name else []
+        missing += sorted(self._given_up)
+        return ", ".join([*missing, "the files of the final pass (metrics, report, logs) not yet sent"])
 
     # -- the thread ----------------------------------------------------------------------------------------
 

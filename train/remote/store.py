@@ -20,6 +20,7 @@ from pathlib import Path
 
 from train.atomic import atomic_path, fsync_dir
 from train.data.download import B2Store, LocalStore, RemoteFile, check_name
+from train.disk import human
 from train.errors import ConfigError, DataError, DiskFullError
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,11 @@ class FolderRemote(_Verifying, LocalStore):
             with atomic_path(final, needed=local.size) as tmp:
                 shutil.copyfile(local.path, tmp)
         except DiskFullError as e:  # the remote's disk, not this machine's: an upload to retry, never a stop
-            raise UploadFailed(f"{self.url}/{name}: {e}") from None
+            free = "an unknown amount" if e.free is None else human(e.free)
+            raise UploadFailed(
+                f"{self.url}/{name}: the remote's disk is full ({free} free, {human(local.size)} needed); free space "
+                "there or point run.remote at another folder, then `python -m train push` sends what is missing"
+            ) from None
         except OSError as e:
             raise UploadFailed(f"{self.url}/{name}: {e.strerror or e}") from None
 
