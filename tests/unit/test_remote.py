@@ -178,7 +178,8 @@ def test_failed_uploads_are_retried_then_warned_and_recorded_and_a_later_one_get
     assert SENTINEL_KEY not in caplog.text + (run.root / "metrics.jsonl").read_text()
 
 
-def test_finish_waits_a_bounded_time_and_says_what_is_left(tmp_path, b2, caplog):
+def stalled_upload(tmp_path, b2) -> tuple:
+    """A mirror whose upload of step 7 hangs until the returned event is set: (remote, mirror, release)."""
     remote = open_remote("b2://pdebench/runs", "run", b2.api)
     run = RunDir(tmp_path / "runs" / "run")
     release = threading.Event()
@@ -186,7 +187,11 @@ def test_finish_waits_a_bounded_time_and_says_what_is_left(tmp_path, b2, caplog)
     b2.sim.upload_part = lambda *a, **k: release.wait(60) and real(*a, **k)
     mirror = RunMirror(remote, run, keep=2, poll_s=0.01).start()
     checkpoint(run, 7)
+    return remote, mirror, release
 
+
+def test_finish_waits_a_bounded_time_and_says_what_is_left(tmp_path, b2, caplog):
+    _, mirror, release = stalled_upload(tmp_path, b2)
     start = time.monotonic()
     assert not mirror.finish(0.5)
     assert time.monotonic() - start < 10
@@ -195,13 +200,7 @@ def test_finish_waits_a_bounded_time_and_says_what_is_left(tmp_path, b2, caplog)
 
 
 def test_ctrl_c_during_the_final_wait_says_what_the_remote_lacks(tmp_path, b2, caplog, monkeypatch):
-    remote = open_remote("b2://pdebench/runs", "run", b2.api)
-    run = RunDir(tmp_path / "runs" / "run")
-    release = threading.Event()
-    real = b2.sim.upload_part
-    b2.sim.upload_part = lambda *a, **k: release.wait(60) and real(*a, **k)
-    mirror = RunMirror(remote, run, keep=2, poll_s=0.01).start()
-    checkpoint(run, 7)
+    remote, mirror, release = stalled_upload(tmp_path, b2)
 
     def interrupted(timeout=None):
         raise KeyboardInterrupt
