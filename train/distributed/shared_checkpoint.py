@@ -34,9 +34,13 @@ def shared_checkpoint(
     picks none. ``sha1``: what the file must hash to (node 0's launcher decided on exactly those bytes)."""
     if not spans_nodes(env):
         path = choose()
-        if path is not None and sha1 is not None:
-            _check_sha1(path, path.read_bytes(), sha1)
-        return path, (load_checkpoint(path) if path is not None else None)
+        if path is None:
+            return None, None
+        if sha1 is None:
+            return path, load_checkpoint(path)
+        data = _read(path)  # read once: hashed, then loaded from the same bytes
+        _check_sha1(path, data, sha1)
+        return path, load_checkpoint(path, data)
     payload, error = b"", None
     if env.is_main:
         try:

@@ -10,7 +10,6 @@ naming the key, instead of steering it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import secrets
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from train.checkpoint import checkpoint_step
 from train.errors import DistributedError
+from train.remote.store import sha1_of
 
 PLAN_KEY = "train/launch/plan"
 OUTCOME_KEY = "train/launch/outcome"
@@ -26,14 +26,6 @@ STAGES = ("fit", "evaluate")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 _MESSAGE_MAX = 4000
-
-
-def file_sha1(path: Path) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -48,7 +40,7 @@ class CheckpointRef:
     def of(cls, path: Path) -> CheckpointRef:
         step = checkpoint_step(path.name)
         assert step is not None, f"{path} is no step checkpoint"
-        return cls(path.name, step, file_sha1(path))
+        return cls(path.name, step, sha1_of(path))
 
 
 @dataclass(frozen=True)
