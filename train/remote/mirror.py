@@ -28,6 +28,7 @@ from pathlib import Path
 from train import run_files
 from train.atomic import write_json_atomic
 from train.checkpoint import BEST, checkpoint_step, latest_checkpoint
+from train.errors import DataError
 from train.remote.store import LocalFile, Remote, sha1_of
 from train.run_dir import RunDir
 
@@ -69,8 +70,6 @@ def rebuilt_pointer(remote: Remote, why: str) -> dict:
     """A pointer made from the step checkpoints (and best.pt) the remote lists, newest first, each with the size
     and SHA1 the remote holds (B2 checked that SHA1 on upload; a folder's is read from its bytes), against which
     a restore checks what it fetches. None listed: DataError, the launch stops (exit 3) and deletes nothing."""
-    from train.errors import DataError
-
     names = [n.rsplit("/", 1)[-1] for n in remote.names("checkpoints")]
     steps = sorted((s, n) for n in names if (s := checkpoint_step(n)) is not None)
     kept = []
