@@ -40,9 +40,10 @@ class TaskConfig(Section):
     pde: PDE
     """Equation family: picks the generator, the HDF5 keys read and how samples are formed."""
     source: str = "generate"
-    """Where the data comes from: 'generate' (a small dataset made locally); one HDF5 file (its val/test
-    splits are carved from it); or a folder, 'file:///folder' or 'b2://bucket/prefix' searched with
-    `templates` for each split's file."""
+    """Where the data comes from: 'generate' (a small dataset made locally; for pde: well, a Gray-Scott
+    reaction-diffusion dataset in The Well's schema); one HDF5 file (its val/test splits are carved from it);
+    or a folder, 'file:///folder' or 'b2://bucket/prefix' searched with `templates` for each split's file (for
+    pde: well, the dataset folder holding data/{train,valid,test}/, also as an https:// URL)."""
     templates: list[str] = Field(default_factory=lambda: list(DEFAULT_TEMPLATES), min_length=1)
     """Candidate paths of a split's file under a folder or bucket source, first match wins; placeholders
     {task}, {split} (train/val/test) and {Split} (Train/Valid/Test)."""
@@ -78,6 +79,63 @@ class TaskConfig(Section):
     """Checkpoint (.pt) of an earlier run whose encoder for this task is frozen: its tokens for every training
     item are precomputed into a latent cache beside the data cache, and training reads them instead of
     running the encoder. The run's data settings, patch_size, initial_step and model.d_model must match it."""
+    well: WellConfig | None = None
+    """The dataset and windows of a task in The Well's schema; required with pde: well, refused otherwise."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_well(self) -> TaskConfig:
+        if self.pde != "well":
+            if self.well is not None:
+                raise ValueError(f"'well' settings are for pde: well, not pde: {self.pde}; remove them")
+            return self
+        if self.well is None:
+            raise ValueError("pde: well needs a 'well' section (n_steps_input, n_steps_output, dt_stride, dataset)")
+        if "initial_step" in self.model_fields_set and self.initial_step != self.well.n_steps_input:
+            raise ValueError(
+                f"initial_step={self.initial_step} contradicts well.n_steps_input={self.well.n_steps_input}; "
+                "set only well.n_steps_input"
+            )
+        if self.temporal_stride != 1:
+            raise ValueError("temporal_stride is for PDEBench files; a Well task strides time with well.dt_stride")
+        if (self.well.dataset is None) != (self.well.base_path is None):
+            raise ValueError("well.dataset and well.base_path go together: set both, or neither and use source")
+        object.__setattr__(self, "initial_step", self.well.n_steps_input)
+        return self
+
+    @property
+    def window_stride(self) -> int:
+        """Saved steps between the frames of a training window (1 for PDEBench tasks)."""
+        return self.well.dt_stride if self.well is not None else 1
+
+    @property
+    def location(self) -> str:
+        """Where the task's data lies: ``source``, or a Well dataset's base_path/dataset (source 'generate' of a
+        Well task: the Gray-Scott demo dataset, generated under the data folder)."""
+        if self.well is not None and self.well.dataset is not None:
+            return f"{self.well.base_path.rstrip('/')}/{self.well.dataset}"
+        return self.source
+
+
+class WellConfig(Section):
+    """A dataset in The Well's schema (pde: well): where it lies and how samples are windowed (docs/well.md)."""
+
+    dataset: str | None = None
+    """The Well's dataset name (e.g. gray_scott_reaction_diffusion), read from `base_path`/<dataset>/ as The
+    Well's WellDataset(well_base_path, well_dataset_name) does; None: the task's `source` is the dataset folder
+    itself (a local folder, b2://bucket/prefix or https:// URL holding data/{train,valid,test}/)."""
+    base_path: str | None = None
+    """Folder, b2://bucket/prefix or https:// URL holding datasets by name (with `dataset`), e.g. The Well's
+    file server https://sdsc-users.flatironinstitute.org/~polymathic/data/the_well/datasets."""
+    n_steps_input: int = Field(4, ge=1)
+    """Frames given to the model (The Well's benchmark: 4); sets the task's initial_step."""
+    n_steps_output: int = Field(1, ge=1)
+    """Frames predicted from each window in the windowed ("one-step") metrics (The Well's benchmark: 1)."""
+    dt_stride: int = Field(1, ge=1)
+    """Steps between the frames of a window (The Well's min_dt_stride = max_dt_stride); windows start at every
+    saved step, and rollouts advance by this stride."""
+    use_stats_file: bool = True
+    """Normalise with the dataset's stats.yaml when it is present and agrees with the train split's statistics
+    (then samples equal The Well's normalised ones); otherwise with the train split's own."""
 
 
 class FNOConfig(Section):
@@ -91,7 +149,11 @@ class FNOConfig(Section):
     """Spectral layers (each a spectral convolution plus a pointwise one)."""
     padding: int | None = Field(None, ge=0)
     """Zero padding appended to each spatial axis before the spectral layers, for non-periodic domains; None:
-    PDEBench's choice, none on 1D grids and 2 points on 2D grids."""
+    PDEBench's choice, none on 1D grids and 2 points on 2D grids. Axes the data marks periodic (a Well task's
+    boundary conditions) are never padded: the spectral layers wrap them."""
+    residual: bool = False
+    """Predict the change from the last input frame instead of the next frame itself (The Well's delta
+    prediction); time-dependent tasks only."""
 
 
 class UNetConfig(Section):
@@ -99,6 +161,9 @@ class UNetConfig(Section):
 
     init_features: int = Field(32, ge=1)
     """Channels of the first level; each of the four levels down doubles them."""
+    residual: bool = False
+    """Predict the change from the last input frame instead of the next frame itself (The Well's delta
+    prediction); time-dependent tasks only."""
 
 
 BUILT_IN_MODELS = ("transformer", "fno", "unet")

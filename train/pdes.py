@@ -16,14 +16,16 @@ class Layout:
     """Which HDF5 keys hold a family's fields and how a sample is formed from them.
 
     ``style`` "single": one dataset per field, sample axis first. "groups": one group per seed whose ``data``
-    array is [t, *space, channel]; ``channels`` is the channel count that array must have.
+    array is [t, *space, channel]; ``channels`` is the channel count that array must have. "well": The Well's
+    schema, a folder of files per split whose fields, dimensions and channels each file describes itself
+    (``spatial_dims`` 0: read from the files).
     """
 
     inputs: tuple[str, ...]
     targets: tuple[str, ...]
     spatial_dims: int
     autoregressive: bool
-    style: Literal["single", "groups"] = "single"
+    style: Literal["single", "groups", "well"] = "single"
     channels: int | None = None
     generated_file: str | None = None
     """PDEBench's file name pattern of the family ({} is the coefficient); None: no generator. The generator's
@@ -33,6 +35,11 @@ class Layout:
     def test_first(self) -> bool:
         """PDEBench's split convention: single-file test sets are the first samples, group-per-seed the last."""
         return self.style == "single"
+
+    @property
+    def multi_file(self) -> bool:
+        """Each split is a folder of files (The Well) rather than one file."""
+        return self.style == "well"
 
 
 LAYOUTS = {
@@ -45,6 +52,7 @@ LAYOUTS = {
     "diffreact2d": Layout(("data",), ("data",), 2, True, "groups", 2),  # 2D_diff-react_NA_NA.h5
     "shallowwater2d": Layout(("data",), ("data",), 2, True, "groups", 1),  # 2D_rdb_NA_NA.h5
     "diffsorp1d": Layout(("data",), ("data",), 1, True, "groups", 1),  # 1D_diff-sorp_NA_NA.h5
+    "well": Layout((), (), 0, True, "well"),  # any dataset of The Well (tasks.<name>.well)
 }
 
 GENERATED = tuple(name for name, layout in LAYOUTS.items() if layout.generated_file)

@@ -17,7 +17,7 @@ from train.checkpoint import (
     set_aside_unreadable,
 )
 from train.config import BUILT_IN_MODELS, Config
-from train.data.cache import CacheInfo, build_cache, building_caches, write_window_index
+from train.data.cache import CacheInfo, build_cache, building_caches, window_span, write_window_index
 from train.data.sources import SplitFiles, stage_data
 from train.engine.objective import target_frames
 from train.errors import ConfigError, DataError, TrainError
@@ -49,13 +49,20 @@ def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, dict[s
     problems, specs = [], {}
     for name, info in infos.items():
         task = cfg.tasks[name]
-        horizon = target_frames(cfg.train)
-        if info.autoregressive and task.initial_step >= info.n_frames:
+        horizon, stride = target_frames(cfg.train), task.window_stride
+        if task.well is not None and window_span(task.initial_step, task.well.n_steps_output, stride) > info.n_frames:
+            w = task.well
+            problems.append(
+                f"tasks.{name}.well: a window of n_steps_input={w.n_steps_input} + n_steps_output={w.n_steps_output} "
+                f"frames {stride} step(s) apart spans {window_span(task.initial_step, w.n_steps_output, stride)} "
+                f"saved steps, longer than the trajectories' {info.n_frames}: lower them or dt_stride"
+            )
+        elif info.autoregressive and (task.initial_step - 1) * stride + 1 >= info.n_frames:
             problems.append(
                 f"tasks.{name}.initial_step={task.initial_step} leaves nothing to predict: the data has "
                 f"{info.n_frames} frames after temporal_stride={task.temporal_stride}"
             )
-        elif info.autoregressive and task.initial_step + horizon > info.n_frames:
+        elif info.autoregressive and window_span(task.initial_step, horizon, stride) > info.n_frames:
             problems.append(
                 f"train.objective={cfg.train.objective} with train.rollout_steps={horizon} needs "
                 f"tasks.{name}.initial_step + rollout_steps <= {info.n_frames} (the frames of its data after "
@@ -63,7 +70,7 @@ def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, dict[s
             )
         elif info.autoregressive and horizon > 1:
             with building_caches(root):  # the ranks only read it
-                write_window_index(info, task.initial_step, horizon)
+                write_window_index(info, task.initial_step, horizon, stride)
         specs[name] = task_spec(info, task)
         if cfg.model.name == "transformer":  # patches must tile the grid
             problems += check_specs({name: specs[name]})

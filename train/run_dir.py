@@ -204,7 +204,8 @@ class RunDir:
                 raise DataError(
                     f"task {name}: a cache in {folders} is missing or incomplete; run 'python -m train cache'"
                 )
-            tasks.append(TaskData(name, info, task_spec(info, task), latent))
+            outputs = task.well.n_steps_output if task.well is not None else 1
+            tasks.append(TaskData(name, info, task_spec(info, task), latent, window_outputs=outputs))
         return tasks
 
     def load_data(self) -> dict[str, dict]:

@@ -36,7 +36,7 @@ def write_tensor(path, data):
 
 def cache_path(cache_root: Path, name: str, task, source: Path) -> Path:
     """Where build_cache keeps the cache of ``source`` (one training file) under these settings."""
-    return cache_root / name / cache_key(task, {"train": hash_file(source)})
+    return cache_root / name / cache_key(task, {"train": [hash_file(source)]})
 
 
 def write_cfd(path, fields):
@@ -235,7 +235,7 @@ def test_small_read_blocks_give_the_same_cache(tmp_path, monkeypatch):
     data = advection_data(seed=3)
     src = write_tensor(tmp_path / "adv.hdf5", data)
     whole = build_cache("adv", task(), src, tmp_path / "a")
-    from train.data import pdebench
+    from train.data.readers import pdebench
 
     monkeypatch.setattr(pdebench, "READ_BLOCK_BYTES", 1)  # one sample per block, in reading and normalising
     small = build_cache("adv", task(), src, tmp_path / "b")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import pydantic
 import pytest
 import yaml
 
@@ -19,6 +22,7 @@ from train.config import (
     TrainConfig,
     UNetConfig,
     WandbConfig,
+    WellConfig,
     apply_override,
     load_config,
     model_keys_in_use,
@@ -483,7 +487,7 @@ def test_to_yaml_round_trips(tmp_path, minimal):
 
 
 def test_to_yaml_round_trips_shipped_configs(tmp_path, repo):
-    for name in ("default", "tiny"):
+    for name in ("default", "tiny", "well"):
         cfg = load_config(repo / "configs" / f"{name}.yaml")
         again = load_config(_write(tmp_path / f"x_{name}.yaml", to_yaml(cfg)))
         assert again == cfg
@@ -494,6 +498,7 @@ def test_every_field_is_documented():
     sections = set(Section.__subclasses__())
     assert sections == {
         TaskConfig,
+        WellConfig,
         ModelConfig,
         FNOConfig,
         UNetConfig,
@@ -517,3 +522,19 @@ def test_sections_are_frozen(minimal):
     cfg = load_config(minimal)
     with pytest.raises(Exception, match="frozen"):
         cfg.train.lr = 1.0  # type: ignore[misc]
+
+
+def test_a_well_task_takes_its_history_from_n_steps_input_and_refuses_pdebench_settings():
+    base = {"pde": "well", "source": "/data/x", "well": {"n_steps_input": 3}}
+    assert TaskConfig.model_validate(base).initial_step == 3
+    for extra, message in (
+        ({"initial_step": 5}, "initial_step=5 contradicts well.n_steps_input=3"),
+        ({"temporal_stride": 2}, "a Well task strides time with well.dt_stride"),
+        ({"well": {"dataset": "x"}}, "well.dataset and well.base_path go together"),
+    ):
+        with pytest.raises(pydantic.ValidationError, match=re.escape(message)):
+            TaskConfig.model_validate({**base, **extra})
+    with pytest.raises(pydantic.ValidationError, match="pde: well needs a 'well' section"):
+        TaskConfig.model_validate({"pde": "well", "source": "/data/x"})
+    with pytest.raises(pydantic.ValidationError, match="'well' settings are for pde: well"):
+        TaskConfig.model_validate({"pde": "advection1d", "well": {}})

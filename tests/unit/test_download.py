@@ -53,7 +53,9 @@ def test_b2_download_is_verified_and_recorded(b2, tmp_path):
     source = "b2://pdebench/data/full/adv/adv_train.h5"
     uploaded = version.upload_timestamp
     entry = {"size": 300, "sha1": sha1(data), "verified": True, "source": source, "version": version.id_}
-    assert manifest == {"train.h5": {**entry, "uploaded": uploaded}}
+    sha256 = hashlib.sha256(data).hexdigest()
+    entry |= {"sha256": sha256, "mtime_ns": dest.stat().st_mtime_ns}
+    assert manifest == {"train.h5": {**entry, "uploaded": uploaded}} and result.sha256 == sha256
     # What the run's provenance is made of: B2's own record of the object, the simulator's clock included.
     assert result.remote == download.RemoteFile("full/adv/adv_train.h5", 300, sha1(data), version.id_, uploaded)
     assert isinstance(uploaded, int) and uploaded > 0 and result.warnings == []

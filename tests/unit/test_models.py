@@ -221,3 +221,38 @@ def test_weights_of_another_model_and_outputs_that_are_not_finite_are_config_err
     bad = {"adv": torch.full((3, 64, 1), float("nan"))}
     with pytest.raises(ConfigError, match=r"output for task 'adv' is not finite \(NaN or inf\)"):
         check_outputs(bad, inputs, specs, "mine")
+
+
+def _well_spec(boundary) -> TaskSpec:
+    """A Well-like task: 2 predicted channels plus 1 constant channel, on a 32 x 32 grid."""
+    return TaskSpec((32, 32), 3, 2, 4, 2, True, boundary=boundary)
+
+
+@pytest.mark.parametrize("name", ["fno", "unet"])
+def test_periodic_axes_wrap_and_others_do_not(name):
+    """A periodic axis is wrapped, never zero-padded: shifting the input by 16 points along y (a whole number of
+    the U-Net's pooling cells) shifts the U-Net's output when y is periodic, not when it has walls; the FNO pads
+    only the axes that are not periodic."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(name=name, fno=FNOConfig(modes=4, width=8, layers=2), unet=UNetConfig(init_features=4))
+    periodic, mixed = _well_spec(((2, 2), (2, 2))), _well_spec(((2, 2), (0, 1)))
+    if name == "fno":
+        assert FNO(periodic, cfg.fno).pads == [0, 0] and FNO(mixed, cfg.fno).pads == [0, 2]
+        return
+    x = torch.randn(2, 2, 32, 32, 3)
+    shifted = lambda t, dim: torch.roll(t, 16, dims=dim)  # noqa: E731
+    for spec, wraps in ((periodic, True), (mixed, False)):
+        model = build_model({"w": spec}, cfg).eval()
+        out, out_of_shift = model({"w": x})["w"], model({"w": shifted(x, 3)})["w"]  # along y
+        assert torch.allclose(out_of_shift, shifted(out, 2), atol=1e-5) == wraps
+
+
+@pytest.mark.parametrize("name", ["fno", "unet"])
+def test_a_residual_model_predicts_the_change_from_the_last_frame(name):
+    cfg = ModelConfig(name=name, fno=FNOConfig(width=4, layers=1, residual=True),
+                      unet=UNetConfig(init_features=4, residual=True))  # fmt: skip
+    model = build_model({"w": _well_spec(())}, cfg)
+    for p in model.parameters():
+        torch.nn.init.zeros_(p)  # the change is zero: the prediction is the last frame's predicted channels
+    x = torch.randn(2, 2, 32, 32, 3)
+    torch.testing.assert_close(model.eval()({"w": x})["w"], x[:, -1, ..., :2])

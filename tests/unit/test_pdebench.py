@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from train.data import pdebench
 from train.data.generate import generate
-from train.data.pdebench import SingleFileReader, split_ranges
+from train.data.readers import pdebench
+from train.data.readers.pdebench import SingleFileReader, split_ranges
 from train.errors import DataError
 
 CFD1D_KEYS = ("density", "pressure", "Vx")

@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
-from train.data import pdebench
-from train.data.pdebench import LAYOUTS, GroupReader, SingleFileReader, open_reader, split_ranges
+from train.data.readers import pdebench
+from train.data.readers.pdebench import LAYOUTS, GroupReader, SingleFileReader, open_reader, split_ranges
 from train.errors import DataError
 
 # pde -> one group's `data` shape [t, *space, channel]

@@ -25,21 +25,24 @@ from train.atomic import atomic_dir, atomic_path, write_json_atomic
 from train.config import TaskConfig
 from train.data.checksum import ALGORITHM, ChecksumMemo
 from train.data.node_lock import node_lock
-from train.data.pdebench import LAYOUTS, SPLITS, open_reader, split_ranges
+from train.data.readers import open_reader
+from train.data.readers.pdebench import LAYOUTS, SPLITS, split_ranges
 from train.data.sources import SplitFiles
+from train.data.well_stats import published_moments
 from train.disk import disk_full_error, reserve
 from train.errors import DataError, StopRequested
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: a split is a list of files, checksummed one by one; Well tasks
 MANIFEST = "manifest.json"
 CHECKSUMS = ".checksums.json"  # remembered source checksums, in the cache root
 LOCK = ".lock"
 
 
 def array_name(split: str, part: str = "") -> str:
-    """File of one cached array: ``part`` is '' (trajectories), 'x' or 'y' (steady inputs/targets)."""
+    """File of one cached array: ``part`` is '' (trajectories), 'x' or 'y' (steady inputs/targets) or 'const'
+    (a trajectory's constant channels)."""
     return f"{split}_{part}.npy" if part else f"{split}.npy"
 
 
@@ -60,6 +63,16 @@ class CacheInfo:
     target_mean: tuple[float, ...]
     target_std: tuple[float, ...]
     splits: dict[str, dict]
+    const_channels: int = 0
+    """Constant channels per trajectory (a Well task's constant fields and scalars), in ``<split>_const.npy``."""
+    const_mean: tuple[float, ...] = ()
+    const_std: tuple[float, ...] = ()
+    channels: tuple[str, ...] = ()
+    """Names of the trajectory channels, where the layout names them (The Well), then of the constant ones."""
+    boundary: tuple = ()
+    """Per spatial axis, the [lower, upper] boundary codes (The Well: WALL=0, OPEN=1, PERIODIC=2); () unknown."""
+    statistics: str = "train split"
+    """Where the normalising statistics came from: 'train split' or the dataset's 'stats.yaml'."""
 
     def array(self, split: str, part: str = "") -> np.ndarray:
         """Memory-map one array: ``part`` is '' (trajectories), 'x' or 'y' (steady inputs/targets)."""
@@ -73,25 +86,41 @@ class CacheInfo:
             return None
         if meta.get("format") != CACHE_FORMAT:
             return None
-        fields = {k: meta[k] for k in cls.__dataclass_fields__ if k != "path"}
+        fields = {k: meta[k] for k in cls.__dataclass_fields__ if k != "path" and k in meta}
         fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
         return cls(path=path, **fields)
+
+    def trajectories(self, split: str, index: np.ndarray) -> np.ndarray:
+        """Trajectories ``index`` of ``split`` as the model reads them: (b, t, *grid, in_channels), every frame
+        followed by the trajectory's constant channels (none for PDEBench tasks)."""
+        traj = np.ascontiguousarray(self.array(split)[index])
+        if not self.const_channels:
+            return traj
+        const = self.array(split, "const")[index]
+        return with_constants(traj, const)
+
+
+def with_constants(frames: np.ndarray, const: np.ndarray) -> np.ndarray:
+    """(b, t, *grid, c) frames and (b, *grid, c_const) constants -> (b, t, *grid, c + c_const)."""
+    const = np.broadcast_to(const[:, None], (*frames.shape[:-1], const.shape[-1]))
+    return np.concatenate([frames, const], axis=-1)
 
 
 def _as_files(source: Path | SplitFiles) -> SplitFiles:
     return source if isinstance(source, SplitFiles) else SplitFiles(train=Path(source))
 
 
-def _source_paths(source: Path | SplitFiles) -> dict[str, Path]:
+def _source_paths(source: Path | SplitFiles) -> dict[str, list[Path]]:
     files = _as_files(source)
-    paths = {split: Path(path) for split in SPLITS if (path := files.get(split)) is not None}
-    for split, path in paths.items():
-        if not path.is_file():
-            raise DataError(f"{split} data file '{path}' does not exist; run 'python -m train data' first")
+    paths = {split: files.paths(split) for split in SPLITS if files.get(split) is not None}
+    for split, group in paths.items():
+        for path in group:
+            if not path.is_file():
+                raise DataError(f"{split} data file '{path}' does not exist; run 'python -m train data' first")
     return paths
 
 
-def cache_key(task: TaskConfig, checksums: dict[str, str]) -> str:
+def cache_key(task: TaskConfig, checksums: dict[str, list[str]]) -> str:
     """Hash of everything that decides a cache's bytes: the format, the preprocessing, the sources' contents."""
     recipe = {
         "format": CACHE_FORMAT,
@@ -105,9 +134,10 @@ def cache_key(task: TaskConfig, checksums: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _checksums(cache_root: Path, paths: dict[str, Path]) -> dict[str, str]:
+def _checksums(cache_root: Path, paths: dict[str, list[Path]]) -> dict[str, list[str]]:
+    """Each split's files' content checksums, in the files' order."""
     memo = ChecksumMemo(cache_root / CHECKSUMS)
-    sums = {split: memo.checksum(path) for split, path in paths.items()}
+    sums = {split: [memo.checksum(path) for path in group] for split, group in paths.items()}
     memo.save()
     return sums
 
@@ -149,9 +179,13 @@ class _RunningStats:
         self.m2 = self.m2 + m2 + np.square(delta) * (self.count * n / total)
         self.count = total
 
-    def result(self) -> tuple[np.ndarray, np.ndarray]:
+    def result(self, std_floor: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and population std per channel; ``std_floor``: the std is at least this (The Well's rule), None:
+        a constant channel keeps std 1 (PDEBench tasks)."""
         mean = np.asarray(self.mean, dtype=np.float64)
-        std = np.sqrt(np.asarray(self.m2, dtype=np.float64) / self.count)
+        std = np.sqrt(np.asarray(self.m2, dtype=np.float64) / max(1, self.count))
+        if std_floor is not None:
+            return mean, np.maximum(std, std_floor)
         # A constant channel (e.g. Darcy's two-valued coefficient in a tiny set) must not divide by ~zero.
         constant = std <= 1e-6 * np.maximum(1.0, np.abs(mean))
         return mean, np.where(constant, 1.0, std)
@@ -172,10 +206,26 @@ def build_cache(name: str, task: TaskConfig, source: Path | SplitFiles, cache_ro
         if info is not None:
             log.info("cache %s: up to date at %s", name, final)
         else:
+            _say_why_rebuilt(name, final)
             info = _build(name, task, _as_files(source), checksums, final)
-        if info.autoregressive and info.n_frames > task.initial_step:
-            write_window_index(info, task.initial_step)
+        if info.autoregressive and info.n_frames > (task.initial_step - 1) * task.window_stride + 1:
+            write_window_index(info, task.initial_step, stride=task.window_stride)
     return info
+
+
+def _say_why_rebuilt(name: str, final: Path) -> None:
+    """A cache of an older format beside the one about to be built: say that the format changed."""
+    for other in final.parent.glob("*/" + MANIFEST) if final.parent.is_dir() else ():
+        try:
+            old = json.loads(other.read_text()).get("format")
+        except (OSError, ValueError):
+            continue
+        if old != CACHE_FORMAT:
+            log.info(
+                "cache %s: the cache format changed (%s -> %s), so the cache is rebuilt; the old one at %s can be "
+                "removed", name, old, CACHE_FORMAT, other.parent,
+            )  # fmt: skip
+            return
 
 
 def _build(name: str, task: TaskConfig, files: SplitFiles, checksums: dict[str, str], final: Path) -> CacheInfo:
@@ -201,11 +251,17 @@ def _build(name: str, task: TaskConfig, files: SplitFiles, checksums: dict[str, 
     return info
 
 
-def window_index_name(split: str, initial_step: int, horizon: int = 1) -> str:
-    return f"{split}_windows_k{initial_step}{f'_h{horizon}' if horizon > 1 else ''}.npy"
+def window_index_name(split: str, initial_step: int, horizon: int = 1, stride: int = 1) -> str:
+    horizon_part, stride_part = f"_h{horizon}" if horizon > 1 else "", f"_s{stride}" if stride > 1 else ""
+    return f"{split}_windows_k{initial_step}{horizon_part}{stride_part}.npy"
 
 
-def write_window_index(info: CacheInfo, initial_step: int, horizon: int = 1) -> None:
+def window_span(initial_step: int, horizon: int = 1, stride: int = 1) -> int:
+    """Saved frames one window covers: ``initial_step + horizon`` frames, ``stride`` apart."""
+    return (initial_step + horizon - 1) * stride + 1
+
+
+def write_window_index(info: CacheInfo, initial_step: int, horizon: int = 1, stride: int = 1) -> None:
     """The (trajectory, start frame) pair of every training window of ``initial_step`` frames + ``horizon``
     target frames.
 
@@ -213,10 +269,10 @@ def write_window_index(info: CacheInfo, initial_step: int, horizon: int = 1) -> 
     rebuilds the arrays); datasets look windows up in it instead of deriving them, so a split can exclude
     windows (e.g. frames a solver marked invalid) without any change to the readers.
     """
-    assert info.autoregressive and info.n_frames >= initial_step + horizon, "checked by the caller"
-    per_sample = info.n_frames - initial_step - horizon + 1
+    assert info.autoregressive and info.n_frames >= window_span(initial_step, horizon, stride), "checked by the caller"
+    per_sample = info.n_frames - window_span(initial_step, horizon, stride) + 1
     for split in SPLITS:
-        path = info.path / window_index_name(split, initial_step, horizon)
+        path = info.path / window_index_name(split, initial_step, horizon, stride)
         if path.is_file():
             continue
         sample, start = np.divmod(np.arange(info.sizes[split] * per_sample, dtype=np.int64), per_sample)
@@ -225,10 +281,9 @@ def write_window_index(info: CacheInfo, initial_step: int, horizon: int = 1) -> 
 
 
 def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bool]]:
-    """Each split's reader and sample range; splits without a file of their own are carved from train."""
+    """Each split's reader and sample range; splits without files of their own are carved from train."""
     layout = LAYOUTS[task.pde]
-    open_ = lambda path: open_reader(path, task.pde, task.spatial_stride, task.temporal_stride)  # noqa: E731
-    train = open_(files.train)
+    train = open_reader(files.paths("train"), task)
     carve_test, carve_val = files.test is None, files.val is None
     ranges = split_ranges(
         train.n_samples,
@@ -241,11 +296,16 @@ def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bo
         if carve:
             plan[split] = (train, ranges[split], True)
         else:
-            reader = open_(files.get(split))
+            reader = open_reader(files.paths(split), task)
             if (reader.grid, reader.n_frames) != (train.grid, train.n_frames):
                 raise DataError(
                     f"{reader.path}: grid {reader.grid} x {reader.n_frames} frames differs from the train file "
                     f"{train.path} ({train.grid} x {train.n_frames} frames); the splits must come from one dataset"
+                )
+            if reader.describe().get("channels") != train.describe().get("channels"):
+                raise DataError(
+                    f"{reader.path}: channels {reader.describe()['channels']} differ from the train file "
+                    f"{train.path}'s {train.describe()['channels']}; the splits must come from one dataset"
                 )
             plan[split] = (reader, range(reader.n_samples), False)
     return plan
@@ -279,13 +339,11 @@ def _normalise(array: np.ndarray, mean: np.ndarray, std: np.ndarray) -> None:
         np.divide(piece, std32, out=piece)
 
 
-def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[str, str]) -> None:
-    layout = LAYOUTS[task.pde]
+def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[str, list[str]]) -> None:
     plan = _plan(task, files)
     train = plan["train"][0]
     try:
-        parts = [""] if layout.autoregressive else ["x", "y"]
-        stats = {part: _RunningStats() for part in parts}
+        stats: dict[str, _RunningStats] = {}
         arrays: dict[tuple[str, str], np.ndarray] = {}
         moments: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         # Training split first: its statistics normalise every split, so val/test never leak into them. Its
@@ -293,42 +351,54 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
         for split in ("train", "val", "test"):
             reader, samples, _ = plan[split]
             offset = 0
-            for inputs, targets in reader.iter_blocks(samples):
+            for blocks in reader.parts(samples):
                 StopRequested.check()
-                blocks = {"": inputs} if layout.autoregressive else {"x": inputs, "y": targets}
                 for part, block in blocks.items():
                     if (split, part) not in arrays:
                         shape = (len(samples), *block.shape[1:])
                         arrays[split, part] = mapped_array(folder / array_name(split, part), shape)
                     if split == "train":
-                        stats[part].update(block)
+                        stats.setdefault(part, _RunningStats()).update(block)
                     else:
                         _normalise(block, *moments[part])
                     arrays[split, part][offset : offset + len(block)] = block
-                offset += len(inputs)
+                offset += len(next(iter(blocks.values())))
             if split == "train":
-                moments = {part: stats[part].result() for part in parts}
-                for part in parts:
+                if not stats:
+                    raise DataError(f"{train.path}: the train split holds no samples")
+                moments = {part: acc.result(train.std_floor) for part, acc in stats.items()}
+                published = published_moments(files.stats_file, train, moments) if files.stats_file else None
+                moments = published or moments
+                for part in moments:
                     _normalise(arrays["train", part], *moments[part])
+        parts = list(moments)
         for split in SPLITS:
             for part in parts:
                 if (split, part) not in arrays:  # an empty split (val_fraction 0)
                     shape = (0, *arrays["train", part].shape[1:])
                     np.save(folder / array_name(split, part), np.zeros(shape, np.float32))
-        in_part, out_part = ("", "") if layout.autoregressive else ("x", "y")
+        in_part, out_part = ("", "") if "" in parts else ("x", "y")
+        const = arrays["train", "const"].shape[-1] if "const" in parts else 0
+        described = train.describe()
         manifest = {
             "format": CACHE_FORMAT,
             "pde": task.pde,
-            "autoregressive": layout.autoregressive,
+            "autoregressive": in_part == "",
             "grid": list(train.grid),
             "n_frames": train.n_frames,
-            "in_channels": arrays["train", in_part].shape[-1],
+            "in_channels": arrays["train", in_part].shape[-1] + const,
             "out_channels": arrays["train", out_part].shape[-1],
             "sizes": {split: len(plan[split][1]) for split in SPLITS},
             "input_mean": moments[in_part][0].tolist(),
             "input_std": moments[in_part][1].tolist(),
             "target_mean": moments[out_part][0].tolist(),
             "target_std": moments[out_part][1].tolist(),
+            "const_channels": const,
+            "const_mean": moments["const"][0].tolist() if const else [],
+            "const_std": moments["const"][1].tolist() if const else [],
+            "channels": described.get("channels", []) + described.get("constant_channels", []),
+            "boundary": described.get("boundary", []),
+            "statistics": "stats.yaml" if published else "train split",
             "splits": {
                 split: {
                     "file": str(reader.path),
@@ -337,14 +407,17 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
                 }
                 for split, (reader, samples, carved) in plan.items()
             },
-            "source": {
-                split: {"path": str(Path(path).resolve()), ALGORITHM: checksums[split]}
-                for split in SPLITS
-                if (path := files.get(split)) is not None
-            },
+            "source": {split: _source_record(files.paths(split), checksums[split]) for split in checksums},
             "coordinates": train.coordinates(),
+            **({"well": described} if described else {}),
         }
     finally:
         for reader, _, _ in plan.values():
             reader.close()
     write_json_atomic(folder / MANIFEST, manifest)  # last: a folder with a manifest is complete
+
+
+def _source_record(paths: list[Path], sums: list[str]) -> dict:
+    """One split's sources in the manifest: the file and its checksum, or each file's for a folder of files."""
+    entries = [{"path": str(Path(p).resolve()), ALGORITHM: c} for p, c in zip(paths, sums, strict=True)]
+    return entries[0] if len(entries) == 1 else {"files": entries}

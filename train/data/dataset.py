@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.data.cache import CacheInfo, window_index_name, write_window_index
+from train.data.cache import CacheInfo, array_name, window_index_name, window_span, with_constants, write_window_index
 
 
 class _Mapped:
@@ -45,26 +45,28 @@ class WindowDataset(_Mapped):
     Item ``i`` is the window at row ``i`` of the cache's window index: (trajectory, start frame).
     """
 
-    def __init__(self, info: CacheInfo, split: str, initial_step: int, horizon: int = 1):
-        assert info.n_frames >= initial_step + horizon, "checked when the run is set up"
-        index = info.path / window_index_name(split, initial_step, horizon)
+    def __init__(self, info: CacheInfo, split: str, initial_step: int, horizon: int = 1, stride: int = 1):
+        assert info.n_frames >= window_span(initial_step, horizon, stride), "checked when the run is set up"
+        index = info.path / window_index_name(split, initial_step, horizon, stride)
         if not index.is_file():  # normally written by the cache stage; building it here costs milliseconds
-            write_window_index(info, initial_step, horizon)
-        super().__init__(info.path / f"{split}.npy", index)
-        self.initial_step, self.horizon = initial_step, horizon
+            write_window_index(info, initial_step, horizon, stride)
+        const = (info.path / array_name(split, "const"),) if info.const_channels else ()
+        super().__init__(info.path / f"{split}.npy", index, *const)
+        self.initial_step, self.horizon, self.stride = initial_step, horizon, stride
         self.n_windows = len(np.load(index, mmap_mode="r"))  # the index decides; the map is not kept
 
     def __len__(self) -> int:
         return self.n_windows
 
     def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        traj, index = self.arrays
+        traj, index, *const = self.arrays
         sample, start = index[np.asarray(indices)].T
         k = self.initial_step
-        frames = start[:, None] + np.arange(k + self.horizon)
-        windows = traj[sample[:, None], frames]  # (b, k+h, *space, c): one gather
-        windows = torch.from_numpy(np.ascontiguousarray(windows))
-        return {"x": windows[:, :k], "y": windows[:, k] if self.horizon == 1 else windows[:, k:]}
+        frames = start[:, None] + np.arange(k + self.horizon) * self.stride
+        windows = np.ascontiguousarray(traj[sample[:, None], frames])  # (b, k+h, *space, c): one gather
+        x = with_constants(windows[:, :k], const[0][sample]) if const else windows[:, :k]
+        y = torch.from_numpy(windows[:, k] if self.horizon == 1 else windows[:, k:])
+        return {"x": torch.from_numpy(np.ascontiguousarray(x)), "y": y}
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
@@ -89,9 +91,14 @@ class PairDataset(_Mapped):
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
 
-def training_dataset(info: CacheInfo, split: str, initial_step: int, horizon: int = 1) -> WindowDataset | PairDataset:
-    """A split's training items; ``horizon``: target frames of autoregressive windows (steady tasks have one)."""
-    return WindowDataset(info, split, initial_step, horizon) if info.autoregressive else PairDataset(info, split)
+def training_dataset(
+    info: CacheInfo, split: str, initial_step: int, horizon: int = 1, stride: int = 1
+) -> WindowDataset | PairDataset:
+    """A split's training items; ``horizon``: target frames of autoregressive windows (steady tasks have one),
+    ``stride``: saved steps between a window's frames."""
+    if info.autoregressive:
+        return WindowDataset(info, split, initial_step, horizon, stride)
+    return PairDataset(info, split)
 
 
 # A latent cache (train.model.latent builds it): the frozen encoder's tokens of every training item.

@@ -62,6 +62,9 @@ class Store(Protocol):
 
     def stat(self, name: str) -> RemoteFile | None: ...
 
+    def list(self, folder: str) -> list[str]:
+        """Names of the files directly in ``folder`` (relative to the store's root), sorted."""
+
     def download(self, name: str, dest: Path, progress: Progress | None = None) -> str | None:
         """Write the file's bytes to ``dest``; return the SHA1 of the source as read, where computed."""
 
@@ -74,6 +77,7 @@ class FetchResult:
     sha1: str
     remote: RemoteFile  # what the store said of the file it holds (the newest stat, after any retry)
     warnings: list[str] = field(default_factory=list)  # what was logged as a warning on the way, for the run
+    sha256: str | None = None  # recorded at the first download (None: an entry written before it was)
 
 
 class _Retryable(DataError):
@@ -89,6 +93,20 @@ def check_name(name: str) -> str:
         raise DataError(f"refusing remote file name {name!r}: it must be a relative '/'-separated path "
                         "without '..', '.', empty parts or backslashes")  # fmt: skip
     return name
+
+
+def _sha256_file(path: Path) -> str:
+    return _digests(path)[1]
+
+
+def _digests(path: Path) -> tuple[str, str]:
+    """SHA-1 (what B2 records) and SHA-256 (what the run's provenance records) of a file, in one read."""
+    sha1, sha256 = hashlib.sha1(), hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            sha1.update(chunk)
+            sha256.update(chunk)
+    return sha1.hexdigest(), sha256.hexdigest()
 
 
 def _sha1_file(path: Path) -> str:
@@ -113,6 +131,11 @@ class LocalStore:
             return None
         st = path.stat()
         return RemoteFile(name, st.st_size, None, str(st.st_mtime_ns))
+
+    def list(self, folder: str) -> list[str]:
+        """Names (relative to the root) of the files directly in ``folder``; [] when it does not exist."""
+        path = self.path(folder)
+        return sorted(f"{folder}/{p.name}" for p in path.iterdir() if p.is_file()) if path.is_dir() else []
 
     def download(self, name: str, dest: Path, progress: Progress | None = None) -> str:
         h = hashlib.sha1()
@@ -196,6 +219,19 @@ class B2Store:
         sha1 = sha1.lower() if sha1 and _SHA1.fullmatch(sha1.lower()) else None
         return RemoteFile(name, info.size, sha1, info.id_, info.upload_timestamp)
 
+    def list(self, folder: str) -> list[str]:
+        """Names (relative to the prefix) of the files directly in ``folder``."""
+        from b2sdk.v2.exception import B2Error
+
+        bucket = self._get_bucket()
+        key = self._key(folder).rstrip("/") + "/"
+        try:
+            names = [v.file_name for v, _ in bucket.ls(key, recursive=False) if v is not None]
+        except B2Error as e:
+            raise self._error(e, f"{self.url}/{folder}") from None
+        start = len(self.prefix) + 1 if self.prefix else 0
+        return sorted(name[start:] for name in names)
+
     def download(self, name: str, dest: Path, progress: Progress | None = None) -> None:
         from b2sdk.v2 import AbstractProgressListener
         from b2sdk.v2.exception import B2Error
@@ -231,12 +267,18 @@ def open_store(source: str, b2_api=None) -> Store:
         if prefix.strip("/"):
             check_name(prefix.strip("/"))
         return B2Store(bucket, prefix, b2_api)
+    if source.startswith(("https://", "http://")):
+        from train.data.https_store import HttpsStore
+
+        return HttpsStore(source)
     if source.startswith("file://"):
         source = source.removeprefix("file://")
         if not source.startswith("/"):
             raise ConfigError(f"file://{source}: file URLs need an absolute path (file:///abs/folder)")
     elif "://" in source:
-        raise ConfigError(f"{source}: unsupported source (use b2://bucket/prefix, file:///folder or a path)")
+        raise ConfigError(
+            f"{source}: unsupported source (use b2://bucket/prefix, https://..., file:///folder or a path)"
+        )
     store = LocalStore(source)
     if not store.root.is_dir():
         raise DataError(f"source folder '{store.root}' not found (or not a folder)")
@@ -271,6 +313,12 @@ def _current(store: Store, remote: RemoteFile, dest: Path) -> str | None:
     entry = read_manifest(dest.parent).get(dest.name)
     if not isinstance(entry, dict) or not dest.is_file() or not dest.stat().st_size == entry.get("size") == remote.size:
         return None
+    if entry.get("sha256") and entry.get("mtime_ns") != dest.stat().st_mtime_ns:
+        # Changed on disk since it was downloaded (or merely touched): its bytes must still be the recorded ones.
+        if _sha256_file(dest) != entry["sha256"]:
+            log.warning("%s: its SHA-256 differs from the one recorded at download; fetching it again", dest)
+            return None
+        _record(dest, {**entry, "mtime_ns": dest.stat().st_mtime_ns})
     if remote.sha1:
         return entry.get("sha1") if entry.get("sha1") == remote.sha1 else None
     same = (entry.get("source"), entry.get("version")) == (_source(store, remote.name), remote.version)
@@ -291,7 +339,8 @@ def _fetch(store: Store, remote: RemoteFile, dest: Path, retries: int, progress:
         return FetchResult(dest, 0, True, _sha1_file(dest), remote)
     if (recorded := _current(store, remote, dest)) is not None:
         log.info("%s: up to date (%s)", dest, source)
-        return FetchResult(dest, 0, True, recorded, remote)
+        sha256 = read_manifest(dest.parent).get(dest.name, {}).get("sha256")
+        return FetchResult(dest, 0, True, recorded, remote, sha256=sha256)
     transferred, warnings = 0, []
     for attempt in range(retries + 1):
         if attempt:
@@ -310,7 +359,8 @@ def _fetch(store: Store, remote: RemoteFile, dest: Path, retries: int, progress:
                 size, expected = tmp.stat().st_size, remote.sha1 or source_sha1
                 if size != remote.size:
                     raise _Retryable(f"{source}: got {size} bytes, expected {remote.size}")
-                if (sha1 := _sha1_file(tmp)) != expected and expected is not None:
+                sha1, sha256 = _digests(tmp)
+                if sha1 != expected and expected is not None:
                     raise _Retryable(f"{source}: SHA1 mismatch: expected {expected}, got {sha1}")
                 _record(dest, None)  # a crash between the rename and the record must not leave the old entry
         except _Retryable as e:
@@ -326,10 +376,11 @@ def _fetch(store: Store, remote: RemoteFile, dest: Path, retries: int, progress:
         if expected is None:
             warnings.append(f"{source}: the store has no SHA1 for this file; recorded {sha1} unverified")
             log.warning("%s", warnings[-1])
-        entry = {"size": size, "sha1": sha1, "verified": expected is not None, "source": source}
-        _record(dest, {**entry, "version": remote.version, "uploaded": remote.uploaded})
-        log.info("%s -> %s (%s, sha1 %s)", source, dest, _human(size), sha1)
-        return FetchResult(dest, transferred + sent, False, sha1, remote, warnings)
+        entry = {"size": size, "sha1": sha1, "sha256": sha256, "verified": expected is not None, "source": source}
+        entry |= {"mtime_ns": dest.stat().st_mtime_ns, "version": remote.version, "uploaded": remote.uploaded}
+        _record(dest, entry)
+        log.info("%s -> %s (%s, sha256 %s)", source, dest, _human(size), sha256)
+        return FetchResult(dest, transferred + sent, False, sha1, remote, warnings, sha256)
     raise AssertionError("unreachable")
 
 

@@ -22,7 +22,8 @@ from train.atomic import sweep_stale_temporaries
 from train.config import Config, TaskConfig
 from train.data import download, generate
 from train.data.checksum import ALGORITHM
-from train.data.pdebench import SPLITS
+from train.data.generate_well import generate_gray_scott
+from train.data.readers.pdebench import SPLITS
 from train.errors import ConfigError, DataError
 from train.pdes import GENERATED, LAYOUTS
 
@@ -52,22 +53,39 @@ class Provenance:
             kind, samples = origin["origin"], ranges.get(split, {}).get("samples")
             head = {"origin": kind, "file": origin["file"], "samples": samples, "carved": kind == "carved"}
             checksum = {ALGORITHM: sums[split][ALGORITHM]} if ALGORITHM in sums.get(split, {}) else {}
+            if "files" in origin:  # a folder of files: each file's checksum beside its own origin
+                entries = sums.get(split, {}).get("files", [sums.get(split, {})])
+                by_path = {e["path"]: e[ALGORITHM] for e in entries if ALGORITHM in e}
+                files = [f | _checksum_of(f["file"], by_path) for f in origin["files"]]
+                origin = origin | {"files": files}
             data[split] = head | origin | checksum
         return {"data": data, "data_warnings": list(self.warnings)}
+
+
+def _checksum_of(file: str, by_path: dict[str, str]) -> dict:
+    checksum = by_path.get(str(Path(file).resolve()))
+    return {ALGORITHM: checksum} if checksum else {}
 
 
 @dataclass(frozen=True)
 class SplitFiles:
     """A task's local file per split; None means the split is carved from the train file."""
 
-    train: Path
-    val: Path | None = None
-    test: Path | None = None
+    train: Path | tuple[Path, ...]
+    val: Path | tuple[Path, ...] | None = None
+    test: Path | tuple[Path, ...] | None = None
+    stats_file: Path | None = None
+    """A Well dataset's stats.yaml, where it has one."""
     provenance: Provenance | None = field(default=None, compare=False, repr=False)
     """Set by stage_data (not in a dry run); files are equal whatever their provenance."""
 
-    def get(self, split: str) -> Path | None:
+    def get(self, split: str) -> Path | tuple[Path, ...] | None:
         return getattr(self, split)
+
+    def paths(self, split: str) -> list[Path]:
+        """The split's files: one, several (a folder of them), or none when it is carved from train."""
+        value = self.get(split)
+        return [] if value is None else [Path(value)] if isinstance(value, str | Path) else [Path(p) for p in value]
 
 
 @dataclass
@@ -111,15 +129,20 @@ def _b2_origin(dest: Path, entry: dict) -> dict:
     return {
         "origin": "b2", "file": str(dest.absolute()), "url": url, "bucket": bucket, "key": key,
         "size": entry.get("size"), "sha1": entry.get("sha1"), "sha1_verified": entry.get("verified"),
-        "uploaded": iso_utc(entry.get("uploaded")), "file_id": entry.get("version"),
+        "uploaded": iso_utc(entry.get("uploaded")), "file_id": entry.get("version"), "sha256": entry.get("sha256"),
     }  # fmt: skip
 
 
 def _fetched_origin(store: download.Store, result: download.FetchResult) -> dict:
     remote = result.remote
+    if store.url.startswith(("https://", "http://")):
+        return {"origin": "https", "file": str(result.dest.absolute()), "url": f"{store.url}/{remote.name}",
+                "size": remote.size, "sha256": result.sha256, "sha1": result.sha1,
+                "version": remote.version}  # fmt: skip
     # B2's SHA1 was checked against the bytes (now, or at the download the manifest vouches for) unless it had none
     entry = {"source": f"{store.url.rstrip('/')}/{remote.name}", "size": remote.size, "sha1": result.sha1,
-             "verified": remote.sha1 is not None, "version": remote.version, "uploaded": remote.uploaded}  # fmt: skip
+             "verified": remote.sha1 is not None, "version": remote.version, "uploaded": remote.uploaded,
+             "sha256": result.sha256}  # fmt: skip
     return _b2_origin(result.dest, entry)
 
 
@@ -251,16 +274,67 @@ def _search(name: str, task: TaskConfig, data_dir: Path, b2_api) -> _Found:
 def _with_provenance(found: _Found, task: TaskConfig, fetched: dict[Path, tuple]) -> SplitFiles:
     origins, warnings = dict(found.origins), list(found.warnings)
     for split in SPLITS:
-        path = found.files.get(split)
-        if path is not None and path in fetched:
-            store, result = fetched[path]
-            origins[split] = _fetched_origin(store, result)
-            warnings += result.warnings
+        paths = found.files.paths(split)
+        if paths and all(p in fetched for p in paths):
+            entries = [_fetched_origin(*fetched[p]) for p in paths]
+            warnings += [w for p in paths for w in fetched[p][1].warnings]
+            if isinstance(found.files.get(split), tuple):  # a folder of files (The Well)
+                url = entries[0]["url"].rpartition("/")[0]
+                origins[split] = {"origin": entries[0]["origin"], "file": str(paths[0].parent), "url": url,
+                                  "files": entries}  # fmt: skip
+            else:
+                origins[split] = entries[0]
     for split in SPLITS:
         if found.files.get(split) is None:
             origins[split] = _carved_origin(task, split, origins["train"])
     provenance = Provenance({split: origins[split] for split in SPLITS}, tuple(warnings))
     return replace(found.files, provenance=provenance)
+
+
+WELL_FOLDERS = {"train": "train", "val": "valid", "test": "test"}
+"""Our split names -> The Well's folders under ``<dataset>/data/``."""
+
+
+def _well(name: str, task: TaskConfig, data_dir: Path, b2_api) -> _Found:
+    """A Well dataset: every .hdf5/.h5 file of each split folder, and stats.yaml; remote ones are downloaded
+    into ``data/<task>/`` under their own relative names, local ones used in place."""
+    location = task.location
+    if location == "generate":
+        location = str(generate_gray_scott(data_dir / name, seed=task.seed))
+        log.info("data %s: Gray-Scott demo dataset in The Well's schema at %s", name, location)
+    store = download.open_store(location, b2_api)
+    remote = not isinstance(store, download.LocalStore)
+    found: dict[str, tuple[Path, ...] | None] = {}
+    origins, warnings, jobs = {}, [], []
+    for split, folder in WELL_FOLDERS.items():
+        names = [n for n in store.list(f"data/{folder}") if n.lower().endswith(HDF5_SUFFIXES)]
+        where = f"{store.url.rstrip('/')}/data/{folder}/"
+        if not names:
+            if split == "train":
+                raise DataError(
+                    f"tasks.{name}: no .hdf5 file in {where}; a Well dataset is <dataset>/data/{{train,valid,test}}/"
+                    f"*.hdf5 (fix tasks.{name}.source or well.base_path / well.dataset)"
+                )
+            found[split] = None
+            _warn(warnings, f"data {name}: no {split} files in {where}; carving the split from the train files' last "
+                            "trajectories")  # fmt: skip
+            continue
+        if remote:
+            found[split] = tuple(data_dir / name / n for n in names)
+            jobs += [(store, n, data_dir / name / n) for n in names]
+        else:
+            found[split] = tuple(store.path(n) for n in names)
+            files = [_local_origin(p) for p in found[split]]
+            origins[split] = {"origin": "local", "file": str(store.path(f"data/{folder}")), "files": files}
+    stats = None
+    if store.stat("stats.yaml") is not None:
+        stats = data_dir / name / "stats.yaml" if remote else store.path("stats.yaml")
+        if remote:
+            jobs.append((store, "stats.yaml", stats))
+    log.info("data %s: Well dataset at %s (%s)", name, location,
+             ", ".join(f"{s}: {len(found[s] or ())} file(s)" for s in SPLITS))  # fmt: skip
+    files = SplitFiles(train=found["train"], val=found["val"], test=found["test"], stats_file=stats)
+    return _Found(files, origins, warnings, jobs)
 
 
 def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, SplitFiles]:
@@ -273,7 +347,9 @@ def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, 
             log.warning("removed %s, a partial file a killed writer left behind", stale)
     found: dict[str, _Found] = {}
     for name, task in cfg.tasks.items():
-        if task.source == "generate":
+        if LAYOUTS[task.pde].multi_file:
+            found[name] = _well(name, task, data_dir, b2_api)
+        elif task.source == "generate":
             found[name] = _generate(name, task, data_dir, dry_run)
         elif task.source.lower().endswith(HDF5_SUFFIXES):
             found[name] = _single_file(name, task, data_dir, b2_api)

@@ -20,6 +20,7 @@ from train.distributed.env import DistEnv
 from train.engine.loss import task_loss
 from train.engine.metrics import ErrorSums, error_sums, finish, nrmse_by_step
 from train.engine.objective import advance
+from train.engine.well_metrics import WellSums
 from train.errors import DataError
 from train.model.specs import TaskData
 
@@ -32,16 +33,36 @@ def _shard(n: int, env: DistEnv, batch_size: int) -> Iterator[np.ndarray]:
 
 
 @torch.no_grad()
-def rollout(model: nn.Module, task: TaskData, trajectories: torch.Tensor) -> torch.Tensor:
-    """Predict frames initial_step..T-1 autoregressively from the first initial_step frames (normalised)."""
+def rollout(model: nn.Module, task: TaskData, trajectories: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+    """Predict frames initial_step..T-1 (or the next ``steps``) autoregressively from the first initial_step
+    frames (normalised; constant channels ride along in the window, the predictions hold the others)."""
     k = task.spec.initial_step
     window = trajectories[:, :k]
     frames = []
-    for _ in range(k, trajectories.shape[1]):
+    for _ in range(trajectories.shape[1] - k if steps is None else steps):
         nxt = model({task.name: window})[task.name]
         frames.append(nxt)
         window = advance(window, nxt)
     return torch.stack(frames, dim=1)
+
+
+@torch.no_grad()
+def well_windows(model: nn.Module, task: TaskData, env: DistEnv, split: str, batch_size: int) -> dict:
+    """The Well's windowed ("one-step") scores: from every window of ``initial_step`` frames, the next
+    ``window_outputs`` frames predicted; the model's and the repeat-last-frame baseline's, over all ranks."""
+    c, steps = task.spec.out_channels, task.window_outputs
+    sums, base = WellSums.zeros(steps, c), WellSums.zeros(steps, c)
+    if task.info.sizes[split]:
+        windows = training_dataset(task.info, split, task.spec.initial_step, steps, task.spec.frame_stride)
+        for idx in _shard(len(windows), env, batch_size):
+            batch = windows.__getitems__(idx.tolist())
+            x, y = batch["x"].to(env.device), batch["y"].to(env.device)
+            y = y[:, None] if steps == 1 else y
+            target = task.denormalise_target(y)
+            sums.add(task.denormalise_target(rollout(model, task, x, steps)), target)
+            base.add(task.denormalise_target(x[:, -1:, ..., :c]).expand_as(target), target)
+    names = list(task.info.channels[:c])
+    return {"one_step": sums.all_reduce().scores(names), "baseline_one_step": base.all_reduce().scores(names)}
 
 
 @torch.no_grad()
@@ -55,16 +76,20 @@ def evaluate_split(
     model.eval()
     results = {}
     for task in tasks:
+        well = task.info.pde == "well"
         if task.spec.autoregressive:
-            data = task.info.array(split)
-            k = task.spec.initial_step
-            sums = base = ErrorSums.zeros(data.shape[1] - k, tuple(data.shape[2:-1]), data.shape[-1])
-            for idx in _shard(len(data), env, batch_size):
-                traj = torch.from_numpy(np.ascontiguousarray(data[idx])).to(env.device)
-                target = task.denormalise_target(traj[:, k:])
+            n, k, c = task.info.sizes[split], task.spec.initial_step, task.spec.out_channels
+            frames = len(range(0, task.info.n_frames, task.spec.frame_stride))
+            sums = base = ErrorSums.zeros(frames - k, task.spec.grid, c)
+            well_sums = WellSums.zeros(frames - k, c)
+            for idx in _shard(n, env, batch_size):
+                traj = task.trajectories(split, idx).to(env.device)
+                target = task.denormalise_target(traj[:, k:, ..., :c])
                 pred = task.denormalise_target(rollout(model, task, traj))
                 sums += error_sums(pred, target)
-                base += error_sums(task.denormalise_target(traj[:, k - 1 : k]).expand_as(target), target)
+                base += error_sums(task.denormalise_target(traj[:, k - 1 : k, ..., :c]).expand_as(target), target)
+                if well:
+                    well_sums.add(pred, target)
         else:
             xs, ys = task.info.array(split, "x"), task.info.array(split, "y")
             sums = base = ErrorSums.zeros(1, tuple(ys.shape[1:-1]), ys.shape[-1])
@@ -84,6 +109,13 @@ def evaluate_split(
             "nrmse_by_step": nrmse_by_step(sums),
             "baseline_nrmse_by_step": nrmse_by_step(base),
         }
+        if well:
+            rollout_scores = well_sums.all_reduce().scores(list(task.info.channels[: task.spec.out_channels]))
+            results[task.name]["well"] = {
+                **well_windows(model, task, env, split, batch_size),
+                "rollout": rollout_scores,
+                "statistics": task.info.statistics,
+            }
     model.train(was_training)
     return results
 
@@ -103,9 +135,9 @@ def example_prediction(model: nn.Module, task: TaskData, split: str = "test") ->
     model.eval()
     try:
         if task.spec.autoregressive:
-            traj = torch.from_numpy(np.array(task.info.array(split)[:1])).to(device)
+            traj = task.trajectories(split, np.arange(1)).to(device)
             out = {
-                "true": task.denormalise_target(traj[:, task.spec.initial_step :]),
+                "true": task.denormalise_target(traj[:, task.spec.initial_step :, ..., : task.spec.out_channels]),
                 "pred": task.denormalise_target(rollout(model, task, traj)),
             }
         else:
@@ -141,7 +173,7 @@ def validation_loss(model: nn.Module, tasks: list[TaskData], env: DistEnv, batch
     for task in tasks:
         sums = torch.zeros(2, dtype=torch.float64)
         if task.info.sizes["val"]:
-            dataset = training_dataset(task.info, "val", task.spec.initial_step)
+            dataset = training_dataset(task.info, "val", task.spec.initial_step, stride=task.spec.frame_stride)
             for idx in _shard(len(dataset), env, batch_size):
                 batch = dataset.__getitems__(idx.tolist())
                 pred = model({task.name: batch["x"].to(env.device)})[task.name]

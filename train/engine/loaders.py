@@ -35,7 +35,7 @@ def steps_per_epoch(cfg: Config, tasks: list[TaskData], world_size: int) -> int:
     per_step = cfg.train.accumulate_steps
     return max(
         steps_for_one_pass(
-            len(training_dataset(t.info, "train", t.spec.initial_step, target_frames(cfg.train))),
+            len(training_dataset(t.info, "train", t.spec.initial_step, target_frames(cfg.train), t.spec.frame_stride)),
             cfg.tasks[t.name].batch_size * per_step,
             world_size,
         )
@@ -44,7 +44,7 @@ def steps_per_epoch(cfg: Config, tasks: list[TaskData], world_size: int) -> int:
 
 
 def _dataset(task: TaskData, horizon: int = 1):
-    dataset = training_dataset(task.info, "train", task.spec.initial_step, horizon)
+    dataset = training_dataset(task.info, "train", task.spec.initial_step, horizon, task.spec.frame_stride)
     return LatentDataset(dataset, task.latent.file) if task.latent is not None else dataset
 
 

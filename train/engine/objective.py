@@ -34,8 +34,14 @@ def draw_steps(cfg: TrainConfig) -> tuple[int, int]:
 
 
 def advance(window: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
-    """The input window one step later: its oldest frame dropped, ``frame`` appended (axis 1 is time)."""
-    return torch.cat([window[:, 1:], frame[:, None].to(window.dtype)], dim=1)
+    """The input window one step later: its oldest frame dropped, ``frame`` appended (axis 1 is time).
+
+    Channels the model does not predict (a Well task's constant fields and scalars, after the predicted ones)
+    are carried over from the window's last frame."""
+    frame = frame.to(window.dtype)
+    if frame.shape[-1] < window.shape[-1]:
+        frame = torch.cat([frame, window[:, -1, ..., frame.shape[-1] :]], dim=-1)
+    return torch.cat([window[:, 1:], frame[:, None]], dim=1)
 
 
 class Unroll(nn.Module):

@@ -65,7 +65,7 @@ def parameter_estimate(cfg: Config) -> int:
         return int(m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model**2 * 1.2)
     total = 0
     for task in cfg.tasks.values():
-        dims = LAYOUTS[task.pde].spatial_dims
+        dims = LAYOUTS[task.pde].spatial_dims or 2  # a Well dataset's dimensions are in its files: guess 2D
         if m.name == "fno":  # spectral weights (two blocks of modes in 2D) dominate; then lifting and projection
             f = m.fno
             spectral = (1 if dims == 1 else 2) * f.width**2 * f.modes**dims * 2
@@ -90,7 +90,10 @@ def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> 
     cache_need = data_need = 0
     for name, task in cfg.tasks.items():
         if caches.get(name) is None:
-            if task.source == "generate":
+            if task.pde == "well":
+                folder = Path(cfg.run.data_dir) / name if task.location == "generate" else Path(task.location)
+                size = sum(p.stat().st_size for p in folder.glob("data/*/*") if p.is_file()) if folder.is_dir() else 0
+            elif task.source == "generate":
                 source = generated_path(Path(cfg.run.data_dir), name, task)
                 generated = file_bytes(task.pde, task.n_samples, task.resolution)
                 size = source.stat().st_size if source.is_file() else generated

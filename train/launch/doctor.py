@@ -330,9 +330,11 @@ def check_data(cfg: Config, facts: Facts) -> Check:
 
     missing, notes = [], []
     for name, task in cfg.tasks.items():
-        source = task.source
+        source = task.location
         if source == "generate":
             notes.append(f"{name}: generated locally")
+        elif source.startswith(("https://", "http://")):
+            notes.append(f"{name}: {source} (downloaded over HTTPS)")
         elif source.startswith("b2://"):
             credentials = facts.environ.get("B2_APPLICATION_KEY_ID") and facts.environ.get("B2_APPLICATION_KEY")
             earlier = download.read_manifest(Path(cfg.run.data_dir) / name)

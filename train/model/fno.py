@@ -64,8 +64,11 @@ class FNO(nn.Module):
             raise ValueError(f"model.name=fno handles 1D and 2D grids, not {len(spec.grid)}D")
         self.spec = spec
         dims = len(spec.grid)
-        self.padding = cfg.padding if cfg.padding is not None else (0 if dims == 1 else 2)
-        padded = [n + self.padding for n in spec.grid]
+        padding = cfg.padding if cfg.padding is not None else (0 if dims == 1 else 2)
+        # A periodic axis is what the FFT assumes already; padding it would break the wrap-around.
+        self.pads = [0 if wraps else padding for wraps in spec.periodic]
+        self.residual = cfg.residual and spec.autoregressive
+        padded = [n + p for n, p in zip(spec.grid, self.pads, strict=True)]
         # The first axis of a 2D transform is a full FFT: its positive and negative blocks must not overlap.
         limits = [padded[-1] // 2 + 1] if dims == 1 else [padded[0] // 2, padded[1] // 2 + 1]
         modes = tuple(min(cfg.modes, limit) for limit in limits)
@@ -84,15 +87,17 @@ class FNO(nn.Module):
         return grid.expand(like.shape[0], *grid.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = x[:, -1, ..., : self.spec.out_channels] if self.residual else None
         if self.spec.autoregressive:  # (b, k, *grid, c) -> (b, *grid, k * c), frames in order
             x = x.movedim(1, -2).flatten(-2)
         h = self.lift(torch.cat([x, self._coordinates(x)], dim=-1)).movedim(-1, 1)
-        pad = [0, self.padding] * (h.dim() - 2)
-        h = nn.functional.pad(h, pad) if self.padding else h
+        if any(self.pads):  # F.pad lists the last axis first
+            h = nn.functional.pad(h, [p for pad in reversed(self.pads) for p in (0, pad)])
         for i, (spectral, pointwise) in enumerate(zip(self.spectral, self.pointwise, strict=True)):
             h = spectral(h) + pointwise(h)
             if i < len(self.spectral) - 1:
                 h = nn.functional.gelu(h)
-        if self.padding:
+        if any(self.pads):
             h = h[(..., *[slice(0, n) for n in self.spec.grid])]
-        return self.project(h.movedim(1, -1))
+        out = self.project(h.movedim(1, -1))
+        return out if last is None else last + out

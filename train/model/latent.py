@@ -44,7 +44,16 @@ def frozen_encoder(checkpoint: Path, name: str, spec: TaskSpec, d_model: int, ke
             f"{key}: checkpoint '{checkpoint}' has no task '{name}' (it has: {', '.join(sorted(specs)) or 'none'}); "
             f"name a checkpoint of a run that trained this task"
         )
-    theirs, ours = TaskSpec(**{**specs[name], "grid": tuple(specs[name]["grid"])}), spec
+    theirs, ours = (
+        TaskSpec(
+            **{
+                **specs[name],
+                "grid": tuple(specs[name]["grid"]),
+                "boundary": tuple(map(tuple, specs[name].get("boundary", ()))),
+            }
+        ),
+        spec,
+    )
     differences = [
         f"{field} {getattr(theirs, field)} there, {getattr(ours, field)} here"
         for field in ours.__dataclass_fields__

@@ -67,7 +67,7 @@ class TaskCodec(nn.Module):
 
     def fields(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         out = unpatchify(self.decode(tokens), self.spec.grid, self.spec.patch_size)
-        return x[:, -1] + out if self.spec.autoregressive else out
+        return x[:, -1, ..., : self.spec.out_channels] + out if self.spec.autoregressive else out
 
 
 class MultiTaskSurrogate(nn.Module):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from train.config import TaskConfig
@@ -25,6 +26,23 @@ class TaskSpec:
     patch_size: int
     initial_step: int
     autoregressive: bool
+    frame_stride: int = 1
+    """Saved steps between consecutive frames the model sees (a Well task's dt_stride)."""
+    boundary: tuple[tuple[int, int], ...] = ()
+    """Per spatial axis, the (lower, upper) boundary codes WALL=0, OPEN=1, PERIODIC=2 where the data says
+    (The Well); () where it does not (PDEBench). The built-in FNO and U-Net wrap periodic axes and pad others."""
+
+    @property
+    def const_channels(self) -> int:
+        """Input channels beyond the predicted ones: constant fields and scalars, appended to every frame."""
+        return self.in_channels - self.out_channels if self.autoregressive else 0
+
+    @property
+    def periodic(self) -> tuple[bool, ...]:
+        """Per spatial axis, whether it wraps around (both sides periodic); all False when unknown."""
+        if not self.boundary:
+            return (False,) * len(self.grid)
+        return tuple(lo == 2 and hi == 2 for lo, hi in self.boundary)
 
     @property
     def in_features(self) -> int:
@@ -44,6 +62,8 @@ def task_spec(info: CacheInfo, task: TaskConfig) -> TaskSpec:
         patch_size=task.patch_size,
         initial_step=task.initial_step,
         autoregressive=info.autoregressive,
+        frame_stride=task.window_stride,
+        boundary=tuple(tuple(int(c) for c in axis) for axis in info.boundary),
     )
 
 
@@ -56,6 +76,14 @@ class TaskData:
     spec: TaskSpec
     latent: LatentInfo | None = None
     """The frozen encoder's precomputed tokens of the training split, when the task names a latent_encoder."""
+    window_outputs: int = 1
+    """Frames predicted from each window in a Well task's windowed metrics (well.n_steps_output)."""
+
+    def trajectories(self, split: str, index) -> torch.Tensor:
+        """Trajectories ``index`` of ``split`` as the model reads them (constant channels on every frame), every
+        ``frame_stride``-th saved step: (b, t, *grid, in_channels), normalised."""
+        traj = self.info.trajectories(split, index)[:, :: self.spec.frame_stride]
+        return torch.from_numpy(np.ascontiguousarray(traj))
 
     def denormalise_target(self, x: torch.Tensor) -> torch.Tensor:
         mean = torch.tensor(self.info.target_mean, dtype=x.dtype, device=x.device)

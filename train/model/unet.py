@@ -7,7 +7,8 @@ first level has ``init_features`` channels, doubled at each level down. The inpu
 frames stacked as channels (or the steady input); the prediction is the next frame (or the solution).
 
 The four poolings need each axis to be a multiple of 16: a grid that is not is zero-padded at its end to the
-next multiple and the prediction cropped back (PDEBench's grids need no padding).
+next multiple and the prediction cropped back (PDEBench's grids need no padding). The convolutions pad by zeros,
+except along axes the data marks periodic (a Well task's boundary conditions), which they wrap around.
 """
 
 from __future__ import annotations
@@ -20,6 +21,26 @@ from train.model.specs import TaskSpec
 
 LEVELS = 4
 MULTIPLE = 2**LEVELS
+
+
+def _wrapping(conv: type[nn.Module], periodic: tuple[bool, ...]) -> type[nn.Module]:
+    """``conv`` with its one-point padding wrapped around on the periodic axes and zero on the others (the
+    same parameters, so checkpoints are the same whatever the boundaries)."""
+    if not any(periodic):
+        return conv
+
+    class WrappingConv(conv):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "padding": 0})
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for axis, wraps in enumerate(periodic):  # F.pad lists the last axis first, and wants them all
+                pad = [0, 0] * len(periodic)
+                pad[2 * (len(periodic) - 1 - axis) : 2 * (len(periodic) - axis)] = [1, 1]
+                x = nn.functional.pad(x, pad, mode="circular" if wraps else "constant")
+            return super().forward(x)
+
+    return WrappingConv
 
 
 def _block(conv, norm, channels_in: int, channels_out: int) -> nn.Sequential:
@@ -43,21 +64,24 @@ class UNet(nn.Module):
             raise ValueError(f"model.name=unet handles 1D and 2D grids, not {dims}D")
         self.spec = spec
         conv, norm = (nn.Conv1d, nn.BatchNorm1d) if dims == 1 else (nn.Conv2d, nn.BatchNorm2d)
+        wrapping = _wrapping(conv, spec.periodic)
+        self.residual = cfg.residual and spec.autoregressive
         up, pool = (nn.ConvTranspose1d, nn.MaxPool1d) if dims == 1 else (nn.ConvTranspose2d, nn.MaxPool2d)
         widths = [cfg.init_features * 2**level for level in range(LEVELS + 1)]
         self.encoders = nn.ModuleList()
         channels = spec.in_features
         for width in widths[:-1]:
-            self.encoders.append(_block(conv, norm, channels, width))
+            self.encoders.append(_block(wrapping, norm, channels, width))
             channels = width
         self.pool = pool(2, 2)
-        self.bottleneck = _block(conv, norm, widths[-2], widths[-1])
+        self.bottleneck = _block(wrapping, norm, widths[-2], widths[-1])
         self.ups = nn.ModuleList(up(widths[i + 1], widths[i], 2, stride=2) for i in reversed(range(LEVELS)))
-        self.decoders = nn.ModuleList(_block(conv, norm, 2 * widths[i], widths[i]) for i in reversed(range(LEVELS)))
+        self.decoders = nn.ModuleList(_block(wrapping, norm, 2 * widths[i], widths[i]) for i in reversed(range(LEVELS)))
         self.out = conv(widths[0], spec.out_channels, 1)
         self.padding = [-n % MULTIPLE for n in spec.grid]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = x[:, -1, ..., : self.spec.out_channels] if self.residual else None
         if self.spec.autoregressive:  # (b, k, *grid, c) -> (b, *grid, k * c), frames in order
             x = x.movedim(1, -2).flatten(-2)
         h = x.movedim(-1, 1)
@@ -74,4 +98,5 @@ class UNet(nn.Module):
         h = self.out(h)
         if any(self.padding):
             h = h[(..., *[slice(0, n) for n in self.spec.grid])]
-        return h.movedim(1, -1)
+        out = h.movedim(1, -1)
+        return out if last is None else last + out

@@ -89,6 +89,9 @@ def _with_origins(splits: dict[str, dict], origins: dict[str, dict]) -> dict[str
 def _origin(d: dict) -> str:
     """How a split was obtained, for the Data table."""
     kind = d.get("origin")
+    if "files" in d:  # a folder of files (The Well)
+        where = f"`{d['url']}`" if d.get("url") else "local folder"
+        return f"{where}, {len(d['files'])} file(s) ({sum(f.get('size') or 0 for f in d['files'])} bytes)"
     if kind == "b2":
         verified = ", not verified" if d.get("sha1_verified") is False else ""
         return f"`{d['url']}` (SHA1 {d.get('sha1') or 'unknown'}{verified}, uploaded {d.get('uploaded') or 'unknown'})"
@@ -126,9 +129,13 @@ def _finite(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def _strict(scores: dict) -> dict:
+def _strict(scores):
     # JSON has no NaN: a metric with nothing to measure (an empty band, an empty split) is null.
-    return {k: [_finite(x) for x in v] if isinstance(v, list) else _finite(v) for k, v in scores.items()}
+    if isinstance(scores, dict):
+        return {k: _strict(v) for k, v in scores.items()}
+    if isinstance(scores, list):
+        return [_strict(x) for x in scores]
+    return _finite(scores)
 
 
 def _fmt(value) -> str:
@@ -158,6 +165,7 @@ def _markdown(
         base_cells = " | ".join(_fmt(r[f"baseline_{k}"]) for k in HEADINGS)
         lines.append(f"| {name} | {model} | {model_cells} | {r['n_samples']} |")
         lines.append(f"| {name} | baseline | {base_cells} | {r['n_samples']} |")
+    lines += _well_tables(results)
     lines += ["", "## Data", "", "| task | split | origin | file read | samples |", "|---|---|---|---|---|"]
     for name, splits in data.items():
         for split_name, d in splits.items():
@@ -187,6 +195,43 @@ def _markdown(
         if field_png(name) in names:
             lines += [f"### {name}, {split} sample 0", "", f"![{name}]({field_png(name)})", ""]
     return "\n".join(lines)
+
+
+def _well_tables(results: dict) -> list[str]:
+    """The Well's metrics of its tasks: per field, one-step VRMSE (model and repeat-last-frame baseline), rollout
+    VRMSE and NRMSE; the rollout windows 6:12 and 13:30 where the trajectories reach them."""
+    lines = []
+    for name, r in results.items():
+        well = r.get("well")
+        if not well or not well.get("one_step"):
+            continue
+        one, base, roll = well["one_step"], well["baseline_one_step"], well.get("rollout") or {}
+        windows = ", ".join(
+            f"{k.removeprefix('vrmse_').replace('_', ':')} {_fmt(roll[k])}"
+            for k in ("vrmse_6_12", "vrmse_13_30")
+            if k in roll
+        )
+        lines += [
+            "",
+            f"## {name}: The Well's metrics",
+            "",
+            f"Normalised with statistics from the {well.get('statistics', 'train split')}. VRMSE = sqrt(MSE / var(y)),"
+            " NRMSE = sqrt(MSE / mean(y^2)), per sample, step and field over space, physical units. One-step: every",
+            "window of the split; rollout: from the first frames to the end"
+            + (f" (windows {windows})." if windows else "."),
+            "",
+            "| field | one-step VRMSE | baseline one-step VRMSE | one-step NRMSE | rollout VRMSE | rollout NRMSE |",
+            "|---|---|---|---|---|---|",
+        ]
+        for field in one["vrmse_by_field"]:
+            cells = [
+                one["vrmse_by_field"][field], base["vrmse_by_field"][field], one["nrmse_by_field"][field],
+                roll.get("vrmse_by_field", {}).get(field), roll.get("nrmse_by_field", {}).get(field),
+            ]  # fmt: skip
+            lines.append(f"| {field} | " + " | ".join(_fmt(c) for c in cells) + " |")
+        cells = [one["vrmse"], base["vrmse"], one["nrmse"], roll.get("vrmse"), roll.get("nrmse")]
+        lines.append("| **mean** | " + " | ".join(_fmt(c) for c in cells) + " |")
+    return lines
 
 
 def report_is_current(run_dir: Path, checkpoint: Path | None) -> bool:

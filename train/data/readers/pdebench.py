@@ -47,6 +47,8 @@ def split_ranges(n: int, test_fraction: float, val_fraction: float, test_first: 
 class _LazyHdf5:
     """What both readers share: a lazily opened handle and the strided geometry of one sample."""
 
+    std_floor = None  # a constant channel is left unscaled (train.data.readers: the reader seam)
+
     path: Path
     pde: str
     layout: Layout
@@ -79,6 +81,14 @@ class _LazyHdf5:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_file": None}
+
+    def parts(self, samples: range) -> Iterator[dict[str, np.ndarray]]:
+        """The reader seam's blocks: {"": trajectories} or, for steady pairs, {"x": inputs, "y": targets}."""
+        for inputs, targets in self.iter_blocks(samples):
+            yield {"": inputs} if targets is None else {"x": inputs, "y": targets}
+
+    def describe(self) -> dict:
+        return {}
 
     def _check_stride(self) -> None:
         space = self.raw_shape[1:]
