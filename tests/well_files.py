@@ -23,8 +23,8 @@ COUNTS = {"train": (2, 3), "valid": (1, 2), "test": (2,)}
 STEPS = 9
 
 
-def _file(path: Path, dims: int, n: int, rng: np.random.Generator, shift: float, name: str = "rich") -> None:
-    grid = GRIDS[dims]
+def _file(path: Path, dims: int, n: int, rng: np.random.Generator, shift: float, grid=None, name: str = "rich") -> None:
+    grid = grid or GRIDS[dims]
     axes = "xyz"[:dims]
     d = dims
     field = lambda *tail: (rng.standard_normal((n, STEPS, *grid, *tail)) * 2 + shift).astype(np.float32)  # noqa: E731
@@ -55,11 +55,11 @@ def _file(path: Path, dims: int, n: int, rng: np.random.Generator, shift: float,
     )
 
 
-def write_dataset(root: Path, dims: int = 2, seed: int = 0) -> Path:
+def write_dataset(root: Path, dims: int = 2, seed: int = 0, grid: tuple[int, ...] | None = None) -> Path:
     rng = np.random.default_rng(seed)
     for split, counts in COUNTS.items():
         for i, n in enumerate(counts):
-            _file(root / "data" / split / f"rich_{i}.hdf5", dims, n, rng, shift=float(i))
+            _file(root / "data" / split / f"rich_{i}.hdf5", dims, n, rng, shift=float(i), grid=grid)
     return root
 
 

@@ -338,8 +338,9 @@ reqs += project.get("optional-dependencies", {}).get("dev", [])
 reqs += data.get("build-system", {}).get("requires", []) + ["wheel"]
 for req in reqs:
     name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req).group(1)
-    # torch (with its nvidia/triton dependencies) comes with the image's base, not from this folder.
-    if re.sub(r"[-_.]+", "-", name).lower() != "torch":
+    # torch (with its nvidia/triton dependencies) comes with the image's base, not from this folder; the-well is
+    # only what the host's tests compare against, and would pull torch in.
+    if re.sub(r"[-_.]+", "-", name).lower() not in ("torch", "the-well"):
         print(req.strip())
 PY
 }

@@ -81,6 +81,7 @@ def test_training_on_data_from_a_bucket(bucket, tmp_path, caplog, monkeypatch):
         "origin": "b2", "file": str(test_file), "url": f"b2://pdebench/{key}", "bucket": "pdebench", "key": key,
         "size": test_file.stat().st_size, "sha1": hashlib.sha1(test_file.read_bytes()).hexdigest(),
         "sha1_verified": True, "uploaded": _iso_utc(remote.upload_timestamp), "file_id": remote.id_,
+        "sha256": hashlib.sha256(test_file.read_bytes()).hexdigest(),
     }  # fmt: skip
     assert adv["test"] == {**b2_test, "samples": [0, 10], "carved": False, "xxh3_128": hash_file(test_file)}
     assert adv["train"]["key"] == "data/full/advection1d/advection1d_train.h5" and not adv["train"]["carved"]

@@ -170,3 +170,23 @@ def test_a_field_constant_along_an_axis_may_be_stored_with_or_without_it(tmp_pat
         )  # fmt: skip
         (block,) = WellReader([path]).parts(range(2))
         np.testing.assert_array_equal(block["const"][..., 0], np.broadcast_to(profile, (2, *grid)))
+
+
+def test_rollout_windows_are_reported_when_the_rollout_reaches_them():
+    from train.engine.well_metrics import WellSums
+
+    rng = np.random.default_rng(1)
+    target = torch.from_numpy(rng.standard_normal((2, 30, 8, 2)))
+    pred = (
+        target + torch.from_numpy(rng.standard_normal(target.shape)) * torch.linspace(0.1, 1, 30)[None, :, None, None]
+    )
+    sums = WellSums.zeros(30, 2)
+    sums.add(pred, target)
+    scores = sums.scores(["u", "v"])
+    by_step = vrmse_nrmse(pred, target)[0].mean((0, 2))
+    assert scores["vrmse_6_12"] == pytest.approx(float(by_step[6:12].mean()))
+    assert scores["vrmse_13_30"] == pytest.approx(float(by_step[13:30].mean()))
+    assert scores["vrmse_by_field"]["v"] == pytest.approx(float(vrmse_nrmse(pred, target)[0][..., 1].mean()))
+    short = WellSums.zeros(12, 2)
+    short.add(pred[:, :12], target[:, :12])
+    assert "vrmse_6_12" in short.scores(["u", "v"]) and "vrmse_13_30" not in short.scores(["u", "v"])
