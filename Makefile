@@ -74,7 +74,7 @@ push: install ## Mirror runs/<name> to run.remote now, what a launch could not s
 slurm: install ## Render an sbatch file from CONFIG's slurm section (SET="slurm.nodes=2 ..."; OUT=file)
 	$(call checked,$(BIN)/python -m train slurm --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)))
 
-bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models); BENCH_ARGS="models"
+bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), the Well demo (well); BENCH_ARGS="well"
 	$(call checked,$(BIN)/python -m train.bench $(BENCH_ARGS))
 
 test: install ## The whole test suite (unit, distributed, integration)

@@ -435,6 +435,17 @@ def test_manifest_of_other_format_is_rebuilt(tmp_path):
     assert json.loads((info.path / MANIFEST).read_text())["format"] == cachemod.CACHE_FORMAT
 
 
+def test_a_cache_of_an_older_format_is_replaced_with_a_log_line_saying_why(tmp_path, caplog, monkeypatch):
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data())
+    old = build_cache("adv", task(), src, tmp_path / "cache")
+    monkeypatch.setattr(cachemod, "CACHE_FORMAT", cachemod.CACHE_FORMAT + 1)  # a newer version of the package
+    caplog.set_level("INFO", "train.data.cache")
+    new = build_cache("adv", task(), src, tmp_path / "cache")
+    assert new.path != old.path and json.loads((new.path / MANIFEST).read_text())["format"] == cachemod.CACHE_FORMAT
+    assert f"the cache format changed ({cachemod.CACHE_FORMAT - 1} -> {cachemod.CACHE_FORMAT})" in caplog.text
+    assert str(old.path) in caplog.text
+
+
 # -------------------------------------------------------------------------------------------- failures
 def _boom(*args, **kwargs):
     raise RuntimeError("boom")

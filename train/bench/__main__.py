@@ -1,10 +1,12 @@
-"""python -m train.bench [cache-io|trainer|models|remote|all]: the benchmarks, each writing NAME.json/.md to --out.
+"""python -m train.bench [cache-io|trainer|models|remote|well|all]: the benchmarks, each writing NAME.json/.md to
+--out.
 
 - cache-io: data loading, our mmap cache against per-sample h5py and shared memory (train/bench/cache_io.py);
 - trainer: our trainer's step time against a bare DDP loop (train/bench/trainer_step.py);
 - models: each built-in model and training objective at the same time budget, test nRMSE (train/bench/models.py);
 - remote: the trainer's step time with and without a slow remote mirroring its checkpoints (train/bench/remote.py);
-- all (the default, also when only options are given): all four, with their default sizes.
+- well: configs/well.yaml from nothing, timed, one-step VRMSE against the baseline (train/bench/well.py);
+- all (the default, also when only options are given): all five, with their default sizes.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from train.bench import cache_io, models, remote, trainer_step
+from train.bench import cache_io, models, remote, trainer_step, well
 from train.errors import TrainError
 
-COMMANDS = ("cache-io", "trainer", "models", "remote", "all")
+COMMANDS = ("cache-io", "trainer", "models", "remote", "well", "all")
 # Each benchmark's own options and their defaults (``all`` runs both with these).
 CACHE_IO = {"cache_gb": 1.1, "steps": 400, "h5py_steps": 40, "warmup": 5}
 TRAINER = {"steps": 150, "warmup": 20, "repeats": 5}
@@ -37,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m train.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", metavar="{cache-io,trainer,models,remote,all}")
+    sub = parser.add_subparsers(dest="command", metavar="{cache-io,trainer,models,remote,well,all}")
     io = sub.add_parser("cache-io", help=cache_io.__doc__.splitlines()[0])
     _common(io)
     io.add_argument("--cache-gb", type=float, default=CACHE_IO["cache_gb"], help="size the data is scaled to")
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     re.add_argument("--repeats", type=int, default=REMOTE["repeats"], help="pairs of launches, alternating")
     re.add_argument("--rate-mb-s", type=float, default=REMOTE["rate_mb_s"], help="upload speed of the remote")
+    _common(sub.add_parser("well", help=well.__doc__.splitlines()[0]))
     every = sub.add_parser("all", help="every benchmark with its default sizes (the default command)")
     _common(every)
     return parser
@@ -110,6 +113,12 @@ def remote_main(args: argparse.Namespace) -> dict:
     return result
 
 
+def well_main(args: argparse.Namespace) -> dict:
+    result = well.run(args.out, args.workdir, args.quick)
+    print((args.out / "well.md").read_text(), flush=True)
+    return result
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options; without a subcommand (none, or only options) the command is ``all``."""
     argv = list(argv)
@@ -131,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         "trainer": [trainer_main],
         "models": [models_main],
         "remote": [remote_main],
-        "all": [cache_io_main, trainer_main, models_main, remote_main],
+        "well": [well_main],
+        "all": [cache_io_main, trainer_main, models_main, remote_main, well_main],
     }
     missed = []
     try:

@@ -148,6 +148,9 @@ def _fetched_origin(store: download.Store, result: download.FetchResult) -> dict
 
 def _carved_origin(task: TaskConfig, split: str, train: dict) -> dict:
     fraction = task.test_fraction if split == "test" else task.val_fraction
+    if LAYOUTS[task.pde].multi_file:
+        return {"origin": "carved", "file": train["file"], "carved_from": train.get("url", train["file"]),
+                "convention": f"the train files' last trajectories; {split}_fraction={fraction}"}  # fmt: skip
     if LAYOUTS[task.pde].test_first:
         rule = "single-file convention: test, val, train in sample order"
     else:
@@ -295,10 +298,13 @@ WELL_FOLDERS = {"train": "train", "val": "valid", "test": "test"}
 """Our split names -> The Well's folders under ``<dataset>/data/``."""
 
 
-def _well(name: str, task: TaskConfig, data_dir: Path, b2_api) -> _Found:
+def _well(name: str, task: TaskConfig, data_dir: Path, b2_api, dry_run: bool) -> _Found:
     """A Well dataset: every .hdf5/.h5 file of each split folder, and stats.yaml; remote ones are downloaded
     into ``data/<task>/`` under their own relative names, local ones used in place."""
     location = task.location
+    if location == "generate" and dry_run:
+        print(f"generate the Gray-Scott demo dataset (The Well's schema) -> {data_dir / name}")
+        return _Found(SplitFiles(train=()))
     if location == "generate":
         location = str(generate_gray_scott(data_dir / name, seed=task.seed))
         log.info("data %s: Gray-Scott demo dataset in The Well's schema at %s", name, location)
@@ -348,7 +354,7 @@ def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, 
     found: dict[str, _Found] = {}
     for name, task in cfg.tasks.items():
         if LAYOUTS[task.pde].multi_file:
-            found[name] = _well(name, task, data_dir, b2_api)
+            found[name] = _well(name, task, data_dir, b2_api, dry_run)
         elif task.source == "generate":
             found[name] = _generate(name, task, data_dir, dry_run)
         elif task.source.lower().endswith(HDF5_SUFFIXES):
