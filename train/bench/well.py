@@ -32,10 +32,8 @@ def run(out: Path, workdir: Path, quick: bool = False) -> dict:
         shutil.rmtree(folder, ignore_errors=True)  # from nothing: the data is generated, the cache built
     sets = [arg for key, folder in folders.items() for arg in ("--set", f"run.{key}_dir={folder}")]
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "train", "run", "--config", str(CONFIG), "--nproc", "2", *sets, *(QUICK if quick else [])],
-        cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
+    command = [sys.executable, "-m", "train", "run", "--config", str(CONFIG), "--nproc", "2", *sets]
+    proc = subprocess.run([*command, *(QUICK if quick else [])], cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode:
         raise TrainError(f"configs/well.yaml failed with exit code {proc.returncode}:\n{proc.stderr[-3000:]}")
