@@ -16,7 +16,8 @@ from b2sdk.v2 import UploadSourceBytes
 
 from tests.b2sim import SENTINEL_KEY, Account
 from train.data import download
-from train.data.download import LocalStore, _fetch, _stat, check_name, describe, fetch_all, open_store
+from train.data.download import LocalStore, _fetch, _stat, check_name, describe, fetch_all
+from train.data.stores import open_store
 from train.errors import DataError, PreflightError
 
 

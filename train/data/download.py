@@ -35,7 +35,7 @@ from tqdm import tqdm
 from train.atomic import atomic_path, write_json_atomic
 from train.data.node_lock import node_lock
 from train.disk import looks_full
-from train.errors import ConfigError, DataError, PreflightError, TrainError
+from train.errors import DataError, PreflightError, TrainError
 
 log = logging.getLogger(__name__)
 
@@ -257,32 +257,6 @@ class B2Store:
                 downloaded.save(f, allow_seeking=False)
         except B2Error as e:
             raise self._error(e, f"{self.url}/{name}") from None
-
-
-def open_store(source: str, b2_api=None) -> Store:
-    if source.startswith("b2://"):
-        bucket, _, prefix = source.removeprefix("b2://").partition("/")
-        if not bucket:
-            raise ConfigError(f"{source}: no bucket name (expected b2://bucket/prefix)")
-        if prefix.strip("/"):
-            check_name(prefix.strip("/"))
-        return B2Store(bucket, prefix, b2_api)
-    if source.startswith(("https://", "http://")):
-        from train.data.https_store import HttpsStore
-
-        return HttpsStore(source)
-    if source.startswith("file://"):
-        source = source.removeprefix("file://")
-        if not source.startswith("/"):
-            raise ConfigError(f"file://{source}: file URLs need an absolute path (file:///abs/folder)")
-    elif "://" in source:
-        raise ConfigError(
-            f"{source}: unsupported source (use b2://bucket/prefix, https://..., file:///folder or a path)"
-        )
-    store = LocalStore(source)
-    if not store.root.is_dir():
-        raise DataError(f"source folder '{store.root}' not found (or not a folder)")
-    return store
 
 
 def _source(store: Store, name: str) -> str:

@@ -24,6 +24,7 @@ from train.data import download, generate
 from train.data.checksum import ALGORITHM
 from train.data.generate_well import generate_gray_scott
 from train.data.readers.pdebench import SPLITS
+from train.data.stores import open_store
 from train.errors import ConfigError, DataError
 from train.pdes import GENERATED, LAYOUTS
 
@@ -194,7 +195,7 @@ def _single_file(name: str, task: TaskConfig, data_dir: Path, b2_api) -> _Found:
     """One file holding the whole dataset: used in place, or downloaded when it is remote."""
     if task.source.startswith("b2://"):
         folder, _, file_name = task.source.rpartition("/")
-        store = download.open_store(folder, b2_api)
+        store = open_store(folder, b2_api)
         if store.stat(file_name) is None:
             raise DataError(f"tasks.{name}.source: {task.source} not found")
         dest = data_dir / name / "train.h5"
@@ -237,7 +238,7 @@ def _search(name: str, task: TaskConfig, data_dir: Path, b2_api) -> _Found:
         earlier = _downloaded_earlier(name, task, data_dir)
         if earlier is not None:
             return earlier
-    store = download.open_store(task.source, b2_api)
+    store = open_store(task.source, b2_api)
     remote = task.source.startswith("b2://")
     found: dict[str, Path | None] = {}
     origins, warnings, jobs = {}, [], []
@@ -308,7 +309,7 @@ def _well(name: str, task: TaskConfig, data_dir: Path, b2_api, dry_run: bool) ->
     if location == "generate":
         location = str(generate_gray_scott(data_dir / name, seed=task.seed))
         log.info("data %s: Gray-Scott demo dataset in The Well's schema at %s", name, location)
-    store = download.open_store(location, b2_api)
+    store = open_store(location, b2_api)
     remote = not isinstance(store, download.LocalStore)
     found: dict[str, tuple[Path, ...] | None] = {}
     origins, warnings, jobs = {}, [], []

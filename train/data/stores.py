@@ -1,0 +1,52 @@
+"""Where a task's files can come from: the table of stores, by the location's scheme.
+
+``b2://bucket/prefix`` is a B2 bucket (b2sdk), ``https://`` (and ``http://``) a web server, ``file:///folder`` or
+a plain path a local folder. Each store lists, stats and downloads files by names relative to its root; the
+download machinery (train/data/download.py) adds the verification, the retries and the manifest.
+"""
+
+from __future__ import annotations
+
+from train.data.download import B2Store, LocalStore, Store, check_name
+from train.data.https_store import HttpsStore
+from train.errors import ConfigError, DataError
+
+
+def _b2(source: str, b2_api) -> Store:
+    bucket, _, prefix = source.removeprefix("b2://").partition("/")
+    if not bucket:
+        raise ConfigError(f"{source}: no bucket name (expected b2://bucket/prefix)")
+    if prefix.strip("/"):
+        check_name(prefix.strip("/"))
+    return B2Store(bucket, prefix, b2_api)
+
+
+def _local(source: str, b2_api) -> Store:
+    path = source.removeprefix("file://")
+    if source.startswith("file://") and not path.startswith("/"):
+        raise ConfigError(f"file://{path}: file URLs need an absolute path (file:///abs/folder)")
+    store = LocalStore(path)
+    if not store.root.is_dir():
+        raise DataError(f"source folder '{store.root}' not found (or not a folder)")
+    return store
+
+
+STORES = {
+    "b2://": _b2,
+    "https://": lambda source, b2_api: HttpsStore(source),
+    "http://": lambda source, b2_api: HttpsStore(source),
+    "file://": _local,
+}
+"""Scheme -> the store of a location; a location without a scheme is a local folder."""
+
+
+def open_store(source: str, b2_api=None) -> Store:
+    """The store of ``source``; ``b2_api``: a b2sdk API to use instead of a new one (tests: the simulator)."""
+    for scheme, make in STORES.items():
+        if source.startswith(scheme):
+            return make(source, b2_api)
+    if "://" in source:
+        raise ConfigError(
+            f"{source}: unsupported source (use b2://bucket/prefix, https://..., file:///folder or a path)"
+        )
+    return _local(source, b2_api)
