@@ -190,3 +190,27 @@ def test_rollout_windows_are_reported_when_the_rollout_reaches_them():
     short = WellSums.zeros(12, 2)
     short.add(pred[:, :12], target[:, :12])
     assert "vrmse_6_12" in short.scores(["u", "v"]) and "vrmse_13_30" not in short.scores(["u", "v"])
+
+
+def test_use_stats_file_and_the_files_content_decide_the_cache(tmp_path):
+    root = write_dataset(tmp_path / "rich", 2)
+    write_stats(root)
+    used = build_cache("rich", _task(), _files(root), tmp_path / "cache")
+    ignored = build_cache("rich", _task(use_stats_file=False), _files(root), tmp_path / "cache")
+    assert (used.statistics, ignored.statistics) == ("stats.yaml", "train split") and used.path != ignored.path
+    (root / "stats.yaml").write_text((root / "stats.yaml").read_text() + "\n# edited\n")
+    assert build_cache("rich", _task(), _files(root), tmp_path / "cache").path != used.path
+
+
+def test_a_dataset_without_constants_has_no_constant_channels(tmp_path):
+    from train.data.well_writer import WellArray, write_well_file
+
+    for split, n in (("train", 3), ("valid", 1), ("test", 1)):
+        write_well_file(
+            tmp_path / "d" / "data" / split / "f.hdf5", dataset_name="d", n_trajectories=n,
+            time=np.arange(5, dtype=np.float32), dims={"x": np.arange(8, dtype=np.float32)},
+            fields={"u": WellArray(np.random.default_rng(0).random((n, 5, 8), np.float32))},
+        )  # fmt: skip
+    info = build_cache("d", _task(), _files(tmp_path / "d", stats=False), tmp_path / "cache")
+    assert (info.const_channels, info.in_channels, info.out_channels, info.channels) == (0, 1, 1, ("u",))
+    assert WindowDataset(info, "train", 2)[0]["x"].shape == (2, 8, 1)

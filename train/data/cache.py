@@ -120,6 +120,11 @@ def _source_paths(source: Path | SplitFiles) -> dict[str, list[Path]]:
     return paths
 
 
+def _uses_stats(task: TaskConfig, files: SplitFiles) -> bool:
+    """A Well dataset's stats.yaml is consulted (it is used only when it agrees with the train split)."""
+    return files.stats_file is not None and task.well is not None and task.well.use_stats_file
+
+
 def cache_key(task: TaskConfig, checksums: dict[str, list[str]]) -> str:
     """Hash of everything that decides a cache's bytes: the format, the preprocessing, the sources' contents."""
     recipe = {
@@ -197,6 +202,8 @@ def build_cache(name: str, task: TaskConfig, source: Path | SplitFiles, cache_ro
     Also writes the window index for ``task.initial_step`` (autoregressive tasks), so ranks only read.
     """
     paths = _source_paths(source)
+    if _uses_stats(task, _as_files(source)) and _as_files(source).stats_file.is_file():
+        paths["stats"] = [_as_files(source).stats_file]  # its content decides the normalisation: part of the key
     cache_root = Path(cache_root)
     cache_root.mkdir(parents=True, exist_ok=True)
     with building_caches(cache_root):
@@ -367,7 +374,7 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
                 if not stats:
                     raise DataError(f"{train.path}: the train split holds no samples")
                 moments = {part: acc.result(train.std_floor) for part, acc in stats.items()}
-                published = published_moments(files.stats_file, train, moments) if files.stats_file else None
+                published = published_moments(files.stats_file, train, moments) if _uses_stats(task, files) else None
                 moments = published or moments
                 for part in moments:
                     _normalise(arrays["train", part], *moments[part])
@@ -407,7 +414,7 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
                 }
                 for split, (reader, samples, carved) in plan.items()
             },
-            "source": {split: _source_record(files.paths(split), checksums[split]) for split in checksums},
+            "source": {s: _source_record(files.paths(s), checksums[s]) for s in SPLITS if s in checksums},
             "coordinates": train.coordinates(),
             **({"well": described} if described else {}),
         }

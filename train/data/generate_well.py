@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from train.atomic import write_text_atomic
 from train.data.well_writer import WellArray, periodic, write_well_file
 from train.errors import StopRequested
 
@@ -111,5 +112,5 @@ def generate_gray_scott(
                 boundaries={"x_periodic": periodic("x", resolution), "y_periodic": periodic("y", resolution)},
                 simulation_parameters=("F", "k"),
             )
-    params.write_text(json.dumps(request))
+    write_text_atomic(params, json.dumps(request))  # last: a folder with it is complete
     return folder

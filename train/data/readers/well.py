@@ -261,9 +261,9 @@ class WellReader:
             const += [s.read(f, start, stop, info["n_time"], grid) for s in info["scalars"] if not s.time_varying]
         except OSError as e:
             raise DataError(f"{path}: cannot read trajectories {start}..{stop}: {e}") from None
-        b = stop - start
         out = {"": self._stride(np.concatenate(series, axis=-1), 2)}
-        out["const"] = self._stride(np.concatenate(const, axis=-1) if const else np.zeros((b, *grid, 0), np.float32), 1)
+        if const:  # a dataset without constant fields or scalars has no "const" part
+            out["const"] = self._stride(np.concatenate(const, axis=-1), 1)
         for part, block in out.items():
             if not np.isfinite(block).all():
                 bad = start + int(np.argwhere(~np.isfinite(block))[0][0])
@@ -271,8 +271,8 @@ class WellReader:
         return {part: np.ascontiguousarray(block, dtype=np.float32) for part, block in out.items()}
 
     def parts(self, samples: range) -> Iterator[dict[str, np.ndarray]]:
-        """Blocks of trajectories ``samples`` (indices over all files in order): "" (b, T, *grid, C) and "const"
-        (b, *grid, C_const), float32, raw."""
+        """Blocks of trajectories ``samples`` (indices over all files in order): "" (b, T, *grid, C) and, when the
+        dataset has constant channels, "const" (b, *grid, C_const); float32, raw."""
         step, offset = self.block_size(), 0
         for path, info in zip(self.paths, self.files_info, strict=True):
             lo, hi = max(samples.start, offset), min(samples.stop, offset + info["n_traj"])
