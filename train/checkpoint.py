@@ -43,6 +43,8 @@ PROGRESS = "progress"
 CONFIG = "config"
 """The run's resolved config, as JSON-compatible data."""
 SPECS = "specs"
+SPEC_DEFAULTS = {"frame_stride": 1, "boundary": ()}
+"""Keys a task's spec gained later, and the value a checkpoint written before them had (it resumes as it was)."""
 """Each task's shapes (``TaskSpec.as_dict()``) by task name."""
 MODEL_SOURCE = "model_source"
 """A user factory's source: ``{"file": path, "sha256": hex}`` of the file that defines it (absent for built-ins)."""
@@ -257,7 +259,7 @@ def model_differences(
             differences.append(f"tasks.{task} ({where})")
             continue
         for key in sorted(set(saved_specs[task]) | set(specs[task])):
-            a, b = saved_specs[task].get(key), specs[task].get(key)
+            a, b = saved_specs[task].get(key, SPEC_DEFAULTS.get(key)), specs[task].get(key)
             if a != b and not (isinstance(a, list | tuple) and isinstance(b, list | tuple) and list(a) == list(b)):
                 differences.append(f"tasks.{task}.{key} ({a!r} there, {b!r} here)")
     return differences

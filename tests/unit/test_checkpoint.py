@@ -326,3 +326,13 @@ def test_model_differences_name_every_differing_key(repo):
     assert "(4 there, 8 here)" in found[2]
     # Compared under the keys a model is built from only: the transformer's width is no FNO's business.
     assert model_differences(state, model, state["specs"], keys=("name", "fno")) == []
+    # A checkpoint written before a spec had frame_stride and boundary resumes; other values of them do not.
+    old = {
+        **state,
+        "specs": {"adv": {k: v for k, v in state["specs"]["adv"].items() if k not in ("frame_stride", "boundary")}},
+    }
+    assert model_differences(old, state["config"]["model"], state["specs"]) == []
+    wrapped = {"adv": {**state["specs"]["adv"], "boundary": ((2, 2),)}}
+    assert model_differences(old, state["config"]["model"], wrapped) == [
+        "tasks.adv.boundary (() there, ((2, 2),) here)"
+    ]
