@@ -63,10 +63,15 @@ class WindowDataset(_Mapped):
         sample, start = index[np.asarray(indices)].T
         k = self.initial_step
         frames = start[:, None] + np.arange(k + self.horizon) * self.stride
-        windows = np.ascontiguousarray(traj[sample[:, None], frames])  # (b, k+h, *space, c): one gather
-        x = with_constants(windows[:, :k], const[0][sample]) if const else windows[:, :k]
-        y = torch.from_numpy(windows[:, k] if self.horizon == 1 else windows[:, k:])
-        return {"x": torch.from_numpy(np.ascontiguousarray(x)), "y": y}
+        windows = torch.from_numpy(
+            np.ascontiguousarray(traj[sample[:, None], frames])
+        )  # (b, k+h, *space, c): one gather
+        target = windows[:, k] if self.horizon == 1 else windows[:, k:]
+        if not const:
+            # Views of one storage: a batch crosses the workers' shared-memory queue once, not twice.
+            return {"x": windows[:, :k], "y": target}
+        x = with_constants(windows[:, :k].numpy(), const[0][sample])
+        return {"x": torch.from_numpy(x), "y": target.clone()}
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
