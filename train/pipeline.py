@@ -57,7 +57,7 @@ def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, dict[s
                 f"frames {stride} step(s) apart spans {window_span(task.initial_step, w.n_steps_output, stride)} "
                 f"saved steps, longer than the trajectories' {info.n_frames}: lower them or dt_stride"
             )
-        elif info.autoregressive and (task.initial_step - 1) * stride + 1 >= info.n_frames:
+        elif info.autoregressive and window_span(task.initial_step, 1, stride) > info.n_frames:
             problems.append(
                 f"tasks.{name}.initial_step={task.initial_step} leaves nothing to predict: the data has "
                 f"{info.n_frames} frames after temporal_stride={task.temporal_stride}"

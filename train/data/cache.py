@@ -215,7 +215,7 @@ def build_cache(name: str, task: TaskConfig, source: Path | SplitFiles, cache_ro
         else:
             _say_why_rebuilt(name, final)
             info = _build(name, task, _as_files(source), checksums, final)
-        if info.autoregressive and info.n_frames > (task.initial_step - 1) * task.window_stride + 1:
+        if info.autoregressive and info.n_frames >= window_span(task.initial_step, 1, task.window_stride):
             write_window_index(info, task.initial_step, stride=task.window_stride)
     return info
 

@@ -63,9 +63,8 @@ class WindowDataset(_Mapped):
         sample, start = index[np.asarray(indices)].T
         k = self.initial_step
         frames = start[:, None] + np.arange(k + self.horizon) * self.stride
-        windows = torch.from_numpy(
-            np.ascontiguousarray(traj[sample[:, None], frames])
-        )  # (b, k+h, *space, c): one gather
+        gathered = np.ascontiguousarray(traj[sample[:, None], frames])  # (b, k+h, *space, c): one gather
+        windows = torch.from_numpy(gathered)
         target = windows[:, k] if self.horizon == 1 else windows[:, k:]
         if not const:
             # Views of one storage: a batch crosses the workers' shared-memory queue once, not twice.

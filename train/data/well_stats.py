@@ -77,8 +77,7 @@ def published_moments(path: Path, reader, computed: dict[str, tuple[np.ndarray, 
                 "data: %s does not cover the dataset's fields; normalising with the train split's statistics", path
             )
             return None
-        raw_std = np.sqrt(np.maximum(std**2, 0))
-        tol = RELATIVE * raw_std + 1e-4 * np.abs(mean[:n]) + 1e-7
+        tol = RELATIVE * std + 1e-4 * np.abs(mean) + 1e-7
         if not (np.all(np.abs(found[0] - mean[:n]) <= tol[:n]) and np.all(np.abs(found[1] - std[:n]) <= tol[:n])):
             worst = int(np.argmax(np.abs(found[1] - std[:n]) + np.abs(found[0] - mean[:n])))
             log.warning(

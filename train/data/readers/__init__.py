@@ -22,7 +22,7 @@ import numpy as np
 
 from train.config import TaskConfig
 from train.data.readers.pdebench import GroupReader, SingleFileReader
-from train.data.readers.well import STD_FLOOR, WellReader
+from train.data.readers.well import WellReader
 from train.errors import DataError
 from train.pdes import LAYOUTS
 
@@ -56,16 +56,10 @@ def _one_file(cls) -> Callable[[list[Path], TaskConfig], Reader]:
     return open_
 
 
-def _well(paths: list[Path], task: TaskConfig) -> Reader:
-    reader = WellReader(paths, task.spatial_stride)
-    reader.std_floor = STD_FLOOR
-    return reader
-
-
 READERS: dict[str, Callable[[list[Path], TaskConfig], Reader]] = {
     "single": _one_file(SingleFileReader),
     "groups": _one_file(GroupReader),
-    "well": _well,
+    "well": lambda paths, task: WellReader(paths, task.spatial_stride),
 }
 """Storage style (``pdes.Layout.style``) -> the reader of one split's files."""
 

@@ -96,6 +96,8 @@ class WellReader:
     """One split of a Well dataset: its files (sorted as The Well sorts them), checked, read in blocks of
     trajectories; ``parts`` yields "" (the time-varying channels) and "const" (the constant channels)."""
 
+    std_floor = STD_FLOOR  # the reader seam's rule for a normalising std
+
     def __init__(self, paths: list[Path], spatial_stride: int = 1):
         if not paths:
             raise DataError("a Well split needs at least one .hdf5 file")
