@@ -14,7 +14,7 @@ import pytest
 
 from train.config import TaskConfig
 from train.data import cache as cachemod
-from train.data import checksum
+from train.data import checksum, running_stats
 from train.data.cache import MANIFEST, CacheInfo, build_cache, cache_key
 from train.data.checksum import hash_file
 from train.data.generate import generate
@@ -104,7 +104,7 @@ def test_autoregressive_cache_normalised_with_train_stats(tmp_path, ss, ts):
     np.testing.assert_allclose(info.target_std, std, rtol=1e-6)
     for split, part, lo, hi in (("test", test, 0, 2), ("val", val, 2, 6), ("train", train, 6, 20)):
         arr = info.array(split)
-        assert isinstance(arr, np.memmap)
+        assert arr.in_place == (ss == ts == 1)  # read whole from plain storage: mapped where it lies, no copy
         assert arr.dtype == np.float32
         assert arr.shape == part.shape
         np.testing.assert_allclose(arr, ref[lo:hi], rtol=1e-5, atol=1e-5)
@@ -304,6 +304,8 @@ def test_same_bytes_under_a_new_name_and_time_reuse_the_cache(tmp_path):
     src.unlink()
     again = build_cache("adv", task(), moved, tmp_path / "cache")
     assert again.path == first.path
+    assert again.array("train").fields[0].file == str(moved.resolve())  # mapped where the bytes are now
+    assert np.isfinite(np.asarray(again.array("train"))).all()
     assert [p.name for p in (tmp_path / "cache" / "adv").iterdir()] == [first.path.name]
 
 
@@ -318,8 +320,9 @@ def test_unchanged_source_is_not_read_again(tmp_path, monkeypatch):
     assert again == first and len(reads) == 1  # the remembered checksum, not a second read
     later = src.stat().st_mtime_ns + 10**9
     os.utime(src, ns=(later, later))  # touched: hashed again (same bytes, so the same cache)
-    assert build_cache("adv", task(), src, tmp_path / "cache") == first
-    assert len(reads) == 2
+    touched = build_cache("adv", task(), src, tmp_path / "cache")
+    assert touched.path == first.path and len(reads) == 2
+    np.testing.assert_array_equal(np.asarray(touched.array("train")), np.asarray(first.array("train")))
 
 
 def test_checksum_memo_survives_a_corrupt_file(tmp_path):
@@ -452,23 +455,24 @@ def _boom(*args, **kwargs):
 
 
 @pytest.mark.parametrize(
-    "target",
+    ("target", "strides"),
     [
-        (cachemod, "write_json_atomic"),  # after every array is written
-        (cachemod._RunningStats, "result"),  # between reading and normalising
-        (cachemod.np.lib.format, "open_memmap"),  # the first array
+        ((cachemod, "write_json_atomic"), {}),  # after every array is placed
+        ((running_stats.RunningStats, "result"), {}),  # after reading, before the manifest
+        ((cachemod.in_place, "scan"), {}),  # mapping in place
+        ((cachemod.np.lib.format, "open_memmap"), {"temporal_stride": 2}),  # the first array copied
     ],
 )
-def test_failed_build_leaves_nothing(tmp_path, monkeypatch, target):
+def test_failed_build_leaves_nothing(tmp_path, monkeypatch, target, strides):
     src = write_tensor(tmp_path / "adv.hdf5", advection_data())
     root = tmp_path / "cache"
     monkeypatch.setattr(*target, _boom)
     with pytest.raises(RuntimeError, match="boom"):
-        build_cache("adv", task(), src, root)
-    assert not cache_path(root, "adv", task(), src).exists()
+        build_cache("adv", task(**strides), src, root)
+    assert not cache_path(root, "adv", task(**strides), src).exists()
     assert list((root / "adv").iterdir()) == []  # no temporary folder either
     monkeypatch.undo()
-    info = build_cache("adv", task(), src, root)  # and a later build succeeds
+    info = build_cache("adv", task(**strides), src, root)  # and a later build succeeds
     assert info.sizes["train"] == 16
 
 

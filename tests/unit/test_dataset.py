@@ -64,7 +64,7 @@ def test_window_dataset_length(adv, k):
 def test_window_dataset_items_match_the_raw_memmap(adv):
     k = 3
     ds = WindowDataset(adv, "train", k)
-    raw = np.load(adv.path / "train.npy", mmap_mode="r")
+    raw = np.asarray(adv.array("train"))
     per = 9 - k
     indices = [0, 1, per - 1, per, per + 2, 5 * per + 4, len(ds) - 1]
     batch = ds.__getitems__(indices)
@@ -86,7 +86,7 @@ def test_windows_with_several_target_frames_stack_them_and_end_on_the_last_frame
     ds = WindowDataset(adv, "train", k, horizon)
     per = 9 - k - horizon + 1
     assert len(ds) == 16 * per
-    raw = np.load(adv.path / "train.npy", mmap_mode="r")
+    raw = np.asarray(adv.array("train"))
     indices = [0, per - 1, per, len(ds) - 1]
     batch = ds.__getitems__(indices)
     assert batch["x"].shape == (len(indices), k, 16, 1)
@@ -102,7 +102,7 @@ def test_windows_with_several_target_frames_stack_them_and_end_on_the_last_frame
 
 def test_window_dataset_getitem_and_order_of_indices(adv):
     ds = WindowDataset(adv, "val", 4)
-    raw = np.load(adv.path / "val.npy")
+    raw = np.asarray(adv.array("val"))
     assert len(ds) == 2 * 5
     item = ds[7]  # sample 1, window 2
     np.testing.assert_array_equal(item["x"].numpy(), raw[1, 2:6])
@@ -123,7 +123,7 @@ def test_window_dataset_2d_multichannel(tmp_path):
     info = build_cache("cfd", TaskConfig(pde="cfd2d"), src, tmp_path / "cache")
     ds = training_dataset(info, "train", 2)
     assert isinstance(ds, WindowDataset)
-    raw = np.load(info.path / "train.npy")
+    raw = np.asarray(info.array("train"))
     b = ds.__getitems__([0, 13])  # sample 3, window 1
     assert b["x"].shape == (2, 2, 4, 4, 4)
     np.testing.assert_array_equal(b["x"][1].numpy(), raw[3, 1:3])
@@ -135,8 +135,8 @@ def test_pair_dataset(darcy):
     ds = training_dataset(darcy, "train", 10)
     assert isinstance(ds, PairDataset)
     assert len(ds) == 16
-    xs = np.load(darcy.path / "train_x.npy")
-    ys = np.load(darcy.path / "train_y.npy")
+    xs = np.asarray(darcy.array("train", "x"))
+    ys = np.asarray(darcy.array("train", "y"))
     idx = [0, 3, 15, 7]
     b = ds.__getitems__(idx)
     assert b["x"].shape == (4, 8, 8, 1)
@@ -147,13 +147,13 @@ def test_pair_dataset(darcy):
     np.testing.assert_array_equal(one["y"].numpy(), ys[5])
     test = PairDataset(darcy, "test")
     assert len(test) == 2
-    np.testing.assert_array_equal(test[1]["y"].numpy(), np.load(darcy.path / "test_y.npy")[1])
+    np.testing.assert_array_equal(test[1]["y"].numpy(), np.asarray(darcy.array("test", "y"))[1])
 
 
 # -------------------------------------------------------------------------------------------- pickling
 def test_datasets_pickle_without_arrays(tmp_path):
-    info = _adv_cache(tmp_path, n=40, t=11, nx=4096)  # a 7 MB training array
-    assert (info.path / "train.npy").stat().st_size > 5_000_000
+    info = _adv_cache(tmp_path, n=40, t=11, nx=4096)  # a 7 MB training array, mapped in its source file
+    assert info.array("train").nbytes > 5_000_000
     ds = WindowDataset(info, "train", 4)
     before = ds.__getitems__([0, 100, 200])  # maps the arrays
     assert ds._arrays is not None

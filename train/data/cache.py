@@ -1,9 +1,12 @@
-"""Training caches: normalised, strided, contiguous ``.npy`` arrays on disk, opened memory-mapped.
+"""Training caches: strided, channels-last float32 arrays, opened memory-mapped and normalised as they are read.
 
-A cache never lives in /dev/shm: every rank and DataLoader worker maps the same files and shares the OS
-page cache, one copy in RAM whatever the number of processes. A cache folder is named by a hash of
-everything that determines its contents; it is built in a temporary folder and renamed into place, so a
-folder under a final name is always complete and a stale cache is simply never looked up.
+An array is a ``.npy`` file of the cache, or, where the run reads a PDEBench dataset whole from plain storage,
+the dataset itself where it lies in the source file (train.data.in_place): no second copy of the data. Either
+way the cache holds physical values and the train split's statistics, and reads normalise per batch
+(train.data.cached_array). A cache never lives in /dev/shm: every rank and DataLoader worker maps the same
+files and shares the OS page cache, one copy in RAM whatever the number of processes. A cache folder is named
+by a hash of everything that determines its contents; it is built in a temporary folder and renamed into
+place, so a folder under a final name is always complete and a stale cache is simply never looked up.
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ import numpy as np
 
 from train.atomic import atomic_dir, atomic_path, write_json_atomic
 from train.config import TaskConfig
+from train.data import in_place
+from train.data.cached_array import CachedArray, Field
 from train.data.checksum import ALGORITHM, ChecksumMemo
+from train.data.in_place import ChannelStats, Placed, file_identity
 from train.data.node_lock import node_lock
 from train.data.readers import open_reader
 from train.data.readers.pdebench import LAYOUTS, SPLITS, split_ranges
+from train.data.running_stats import RunningStats
 from train.data.sources import SplitFiles
 from train.data.well_stats import published_moments
 from train.disk import disk_full_error, reserve
@@ -34,7 +41,7 @@ from train.errors import DataError, StopRequested
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 3  # 3: a split is a list of files, checksummed one by one; Well tasks
+CACHE_FORMAT = 4  # 3: a split is a list of files, checksummed one by one; Well tasks. 4: raw values, in place
 MANIFEST = "manifest.json"
 CHECKSUMS = ".checksums.json"  # remembered source checksums, in the cache root
 LOCK = ".lock"
@@ -73,10 +80,25 @@ class CacheInfo:
     """Per spatial axis, the [lower, upper] boundary codes (The Well: WALL=0, OPEN=1, PERIODIC=2); () unknown."""
     statistics: str = "train split"
     """Where the normalising statistics came from: 'train split' or the dataset's 'stats.yaml'."""
+    in_place: dict | None = None
+    """Arrays mapped where they lie in the source files (train.data.in_place): {"arrays": {file name: where},
+    "identity": {source: [size, mtime_ns]}}; None: every array is a .npy file of the cache."""
 
-    def array(self, split: str, part: str = "") -> np.ndarray:
-        """Memory-map one array: ``part`` is '' (trajectories), 'x' or 'y' (steady inputs/targets)."""
-        return np.load(self.path / array_name(split, part), mmap_mode="r")
+    def moments(self, part: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The mean and std that normalise ``part``: inputs ('' and 'x'), targets ('y') or constants."""
+        if part == "const":
+            return self.const_mean, self.const_std
+        return (self.target_mean, self.target_std) if part == "y" else (self.input_mean, self.input_std)
+
+    def array(self, split: str, part: str = "") -> CachedArray:
+        """One array, normalised as it is read: ``part`` is '' (trajectories), 'x' or 'y' (steady inputs/targets)
+        or 'const'. Indexing reads only the samples it selects; ``np.asarray`` reads all."""
+        name = array_name(split, part)
+        where = (self.in_place or {}).get("arrays", {}).get(name)
+        if where is None:
+            return CachedArray(*self.moments(part), npy=self.path / name)
+        fields = tuple(Field.from_record(f) for f in where["fields"])
+        return CachedArray(*self.moments(part), fields=fields, first=where["first"], count=where["count"])
 
     @classmethod
     def load(cls, path: Path) -> CacheInfo | None:
@@ -88,12 +110,18 @@ class CacheInfo:
             return None
         fields = {k: meta[k] for k in cls.__dataclass_fields__ if k != "path" and k in meta}
         fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+        for source, identity in (meta.get("in_place") or {}).get("identity", {}).items():
+            try:
+                if file_identity(source) != identity:
+                    return None  # the mapped file changed since: its bytes are not the ones this cache describes
+            except OSError:
+                return None
         return cls(path=path, **fields)
 
     def trajectories(self, split: str, index: np.ndarray) -> np.ndarray:
         """Trajectories ``index`` of ``split`` as the model reads them: (b, t, *grid, in_channels), every frame
         followed by the trajectory's constant channels (none for PDEBench tasks)."""
-        traj = np.ascontiguousarray(self.array(split)[index])
+        traj = self.array(split)[index]
         if not self.const_channels:
             return traj
         const = self.array(split, "const")[index]
@@ -154,48 +182,6 @@ def building_caches(cache_root: Path) -> Iterator[None]:
         yield
 
 
-class _RunningStats:
-    """Per-channel mean and standard deviation over a stream of channels-last blocks.
-
-    Blocks are merged with Chan et al.'s pairwise update (float64), not E[x^2] - E[x]^2, which cancels
-    catastrophically for channels with a large mean and a small spread.
-    """
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.mean: np.ndarray | float = 0.0
-        self.m2: np.ndarray | float = 0.0
-
-    def update(self, block: np.ndarray) -> None:
-        flat = block.reshape(-1, block.shape[-1])
-        n = flat.shape[0]
-        if n == 0:
-            return
-        mean = flat.mean(0, dtype=np.float64)  # cast in buffers: no float64 copy of the block
-        # Squared deviations from a float32 copy of the mean, summed in float64; sum((x - s)^2) equals
-        # sum((x - mean)^2) + n (mean - s)^2 exactly, so the shift's rounding is taken back out.
-        shift = mean.astype(np.float32)
-        dev = flat - shift
-        np.square(dev, out=dev)
-        m2 = dev.sum(0, dtype=np.float64) - n * np.square(mean - shift)
-        total = self.count + n
-        delta = mean - self.mean
-        self.mean = self.mean + delta * (n / total)
-        self.m2 = self.m2 + m2 + np.square(delta) * (self.count * n / total)
-        self.count = total
-
-    def result(self, std_floor: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and population std per channel; ``std_floor``: the std is at least this (The Well's rule), None:
-        a constant channel keeps std 1 (PDEBench tasks)."""
-        mean = np.asarray(self.mean, dtype=np.float64)
-        std = np.sqrt(np.asarray(self.m2, dtype=np.float64) / max(1, self.count))
-        if std_floor is not None:
-            return mean, np.maximum(std, std_floor)
-        # A constant channel (e.g. Darcy's two-valued coefficient in a tiny set) must not divide by ~zero.
-        constant = std <= 1e-6 * np.maximum(1.0, np.abs(mean))
-        return mean, np.where(constant, 1.0, std)
-
-
 def build_cache(name: str, task: TaskConfig, source: Path | SplitFiles, cache_root: Path) -> CacheInfo:
     """Return the valid cache for this task, building it first if needed (a no-op when it exists).
 
@@ -209,7 +195,7 @@ def build_cache(name: str, task: TaskConfig, source: Path | SplitFiles, cache_ro
     with building_caches(cache_root):
         checksums = _checksums(cache_root, paths)
         final = cache_root / name / cache_key(task, checksums)
-        info = CacheInfo.load(final)
+        info = CacheInfo.load(final) or _repoint(final, paths)
         if info is not None:
             log.info("cache %s: up to date at %s", name, final)
         else:
@@ -218,6 +204,27 @@ def build_cache(name: str, task: TaskConfig, source: Path | SplitFiles, cache_ro
         if info.autoregressive and info.n_frames >= window_span(task.initial_step, 1, task.window_stride):
             write_window_index(info, task.initial_step, stride=task.window_stride)
     return info
+
+
+def _repoint(final: Path, paths: dict[str, list[Path]]) -> CacheInfo | None:
+    """A cache in place whose source files were moved or touched, their content unchanged (the checksums in its
+    key say so): the same bytes lie at the same offsets, so it maps the files where they are now."""
+    try:
+        meta = json.loads((final / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if meta.get("format") != CACHE_FORMAT or not meta.get("in_place"):
+        return None
+    for name, where in meta["in_place"]["arrays"].items():
+        split = name.split("_")[0].removesuffix(".npy")
+        source = str(paths.get(split, paths["train"])[0].resolve())
+        for field in where["fields"]:
+            field["file"] = source
+    files = {f["file"] for where in meta["in_place"]["arrays"].values() for f in where["fields"]}
+    meta["in_place"]["identity"] = {file: file_identity(file) for file in sorted(files)}
+    write_json_atomic(final / MANIFEST, meta)
+    log.info("cache %s: its source files moved or were touched, their content unchanged; mapped where they are", final)
+    return CacheInfo.load(final)
 
 
 def _say_why_rebuilt(name: str, final: Path) -> None:
@@ -335,57 +342,95 @@ def mapped_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
     return array
 
 
-def _normalise(array: np.ndarray, mean: np.ndarray, std: np.ndarray) -> None:
-    """(x - mean) / std in place, per channel, in pieces small enough for the CPU cache (two passes each)."""
-    mean32, std32 = mean.astype(np.float32), std.astype(np.float32)
-    flat = array.reshape(-1, array.shape[-1]) if array.size else array
-    step = max(1, (2 << 20) // max(1, flat.strides[0]))
-    for start in range(0, len(flat), step):
-        piece = flat[start : start + step]
-        np.subtract(piece, mean32, out=piece)
-        np.divide(piece, std32, out=piece)
+class NpyWriter:
+    """A float32 .npy file of ``shape`` written front to back with plain writes, its blocks allocated first.
+
+    Plain writes, not a writable memory map: dirty pages of a map count in the builder's resident memory, which
+    then grows with the file, while written pages are the page cache's to drop. The reservation makes a full
+    disk fail here with a DiskFullError naming the file and the bytes it needs."""
+
+    def __init__(self, path: Path, shape: tuple[int, ...]):
+        header = mapped_array(path, shape)  # the header, the size and the reservation
+        del header  # unmapped: the bytes go in with plain writes
+        self.path, self.shape = path, shape
+        self._file = open(path, "r+b")  # noqa: SIM115 - closed by close()
+        self._file.seek(path.stat().st_size - 4 * int(np.prod(shape)))
+
+    def write(self, block: np.ndarray) -> None:
+        self._file.write(memoryview(np.ascontiguousarray(block, dtype=np.float32)).cast("B"))
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _copy(folder: Path, plan: dict, shapes: dict) -> dict[str, RunningStats]:
+    """Every split's blocks, as the readers give them, written raw; the train split's statistics taken on the
+    way (val/test never leak into them)."""
+    stats: dict[str, RunningStats] = {}
+    writers: dict[tuple[str, str], NpyWriter] = {}
+    try:
+        for split in SPLITS:
+            reader, samples, _ = plan[split]
+            for blocks in reader.parts(samples):
+                StopRequested.check()
+                for part, block in blocks.items():
+                    if (split, part) not in writers:
+                        shapes[split, part] = (len(samples), *block.shape[1:])
+                        writers[split, part] = NpyWriter(folder / array_name(split, part), shapes[split, part])
+                    if split == "train":
+                        stats.setdefault(part, RunningStats()).update(block)
+                    writers[split, part].write(block)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return stats
+
+
+def _map_in_place(plan: dict, task: TaskConfig, shapes: dict) -> tuple[dict[str, ChannelStats], dict] | None:
+    """Where every split's fields lie in their files, when all of them can be mapped in place
+    (train.data.in_place); then one read of them takes the train split's statistics. None: copy."""
+    layout = LAYOUTS[task.pde]
+    keys = {"": layout.targets} if layout.autoregressive else {"x": layout.inputs, "y": layout.targets}
+    placed: dict[tuple[str, str], Placed] = {}
+    for split in SPLITS:
+        reader, samples, _ = plan[split]
+        for part, part_keys in keys.items():
+            fields = in_place.locate(reader.path, part_keys, task)
+            if fields is None:
+                return None
+            placed[split, part] = Placed(fields, samples.start, len(samples), part_keys)
+    stats = {part: ChannelStats(len(part_keys)) for part, part_keys in keys.items()}
+    for (split, part), where in placed.items():
+        in_place.scan(where, stats[part] if split == "train" else None)
+        shapes[split, part] = (where.count, *where.fields[0].shape[1:], len(where.fields))
+    files = {f.file for where in placed.values() for f in where.fields}
+    record = {
+        "arrays": {array_name(split, part): where.record() for (split, part), where in placed.items()},
+        "identity": {file: file_identity(file) for file in sorted(files)},
+    }
+    return stats, record
 
 
 def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[str, list[str]]) -> None:
     plan = _plan(task, files)
     train = plan["train"][0]
     try:
-        stats: dict[str, _RunningStats] = {}
-        arrays: dict[tuple[str, str], np.ndarray] = {}
-        moments: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        # Training split first: its statistics normalise every split, so val/test never leak into them. Its
-        # blocks are written raw, then normalised in place; val/test blocks are normalised before writing.
-        for split in ("train", "val", "test"):
-            reader, samples, _ = plan[split]
-            offset = 0
-            for blocks in reader.parts(samples):
-                StopRequested.check()
-                for part, block in blocks.items():
-                    if (split, part) not in arrays:
-                        shape = (len(samples), *block.shape[1:])
-                        arrays[split, part] = mapped_array(folder / array_name(split, part), shape)
-                    if split == "train":
-                        stats.setdefault(part, _RunningStats()).update(block)
-                    else:
-                        _normalise(block, *moments[part])
-                    arrays[split, part][offset : offset + len(block)] = block
-                offset += len(next(iter(blocks.values())))
-            if split == "train":
-                if not stats:
-                    raise DataError(f"{train.path}: the train split holds no samples")
-                moments = {part: acc.result(train.std_floor) for part, acc in stats.items()}
-                published = published_moments(files.stats_file, train, moments) if _uses_stats(task, files) else None
-                moments = published or moments
-                for part in moments:
-                    _normalise(arrays["train", part], *moments[part])
+        shapes: dict[tuple[str, str], tuple[int, ...]] = {}
+        mapped = _map_in_place(plan, task, shapes)
+        stats, in_place_record = mapped if mapped is not None else (_copy(folder, plan, shapes), None)
+        if not stats or not all(shapes.get(("train", part), (0,))[0] for part in stats):
+            raise DataError(f"{train.path}: the train split holds no samples")
+        moments = {part: acc.result(train.std_floor) for part, acc in stats.items()}
+        published = published_moments(files.stats_file, train, moments) if _uses_stats(task, files) else None
+        moments = published or moments
         parts = list(moments)
         for split in SPLITS:
             for part in parts:
-                if (split, part) not in arrays:  # an empty split (val_fraction 0)
-                    shape = (0, *arrays["train", part].shape[1:])
-                    np.save(folder / array_name(split, part), np.zeros(shape, np.float32))
+                if (split, part) not in shapes:  # an empty split (val_fraction 0)
+                    shapes[split, part] = (0, *shapes["train", part][1:])
+                    np.save(folder / array_name(split, part), np.zeros(shapes[split, part], np.float32))
         in_part, out_part = ("", "") if "" in parts else ("x", "y")
-        const = arrays["train", "const"].shape[-1] if "const" in parts else 0
+        const = shapes["train", "const"][-1] if "const" in parts else 0
         described = train.describe()
         manifest = {
             "format": CACHE_FORMAT,
@@ -393,8 +438,8 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
             "autoregressive": in_part == "",
             "grid": list(train.grid),
             "n_frames": train.n_frames,
-            "in_channels": arrays["train", in_part].shape[-1] + const,
-            "out_channels": arrays["train", out_part].shape[-1],
+            "in_channels": shapes["train", in_part][-1] + const,
+            "out_channels": shapes["train", out_part][-1],
             "sizes": {split: len(plan[split][1]) for split in SPLITS},
             "input_mean": moments[in_part][0].tolist(),
             "input_std": moments[in_part][1].tolist(),
@@ -406,6 +451,7 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
             "channels": described.get("channels", []) + described.get("constant_channels", []),
             "boundary": described.get("boundary", []),
             "statistics": "stats.yaml" if published else "train split",
+            "in_place": in_place_record,
             "splits": {
                 split: {
                     "file": str(reader.path),

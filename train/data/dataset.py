@@ -18,20 +18,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.data.cache import CacheInfo, array_name, window_index_name, window_span, with_constants, write_window_index
+from train.data.cache import CacheInfo, window_index_name, window_span, with_constants, write_window_index
+from train.data.cached_array import CachedArray
 
 
 class _Mapped:
-    """Lazily memory-mapped .npy files: nothing but paths survives pickling."""
+    """Lazily memory-mapped arrays: cached arrays (normalised as they are read) or .npy files given by path;
+    nothing but paths survives pickling."""
 
-    def __init__(self, *paths: Path):
-        self._paths = paths
-        self._arrays: tuple[np.ndarray, ...] | None = None
+    def __init__(self, *sources: Path | CachedArray):
+        self._sources = sources
+        self._arrays: tuple[np.ndarray | CachedArray, ...] | None = None
 
     @property
-    def arrays(self) -> tuple[np.ndarray, ...]:
+    def arrays(self) -> tuple[np.ndarray | CachedArray, ...]:
         if self._arrays is None:
-            self._arrays = tuple(np.load(p, mmap_mode="r") for p in self._paths)
+            self._arrays = tuple(s if isinstance(s, CachedArray) else np.load(s, mmap_mode="r") for s in self._sources)
         return self._arrays
 
     def __getstate__(self) -> dict:
@@ -50,8 +52,8 @@ class WindowDataset(_Mapped):
         index = info.path / window_index_name(split, initial_step, horizon, stride)
         if not index.is_file():  # normally written by the cache stage; building it here costs milliseconds
             write_window_index(info, initial_step, horizon, stride)
-        const = (info.path / array_name(split, "const"),) if info.const_channels else ()
-        super().__init__(info.path / f"{split}.npy", index, *const)
+        const = (info.array(split, "const"),) if info.const_channels else ()
+        super().__init__(info.array(split), index, *const)
         self.initial_step, self.horizon, self.stride = initial_step, horizon, stride
         self.n_windows = len(np.load(index, mmap_mode="r"))  # the index decides; the map is not kept
 
@@ -63,7 +65,7 @@ class WindowDataset(_Mapped):
         sample, start = index[np.asarray(indices)].T
         k = self.initial_step
         frames = start[:, None] + np.arange(k + self.horizon) * self.stride
-        gathered = np.ascontiguousarray(traj[sample[:, None], frames])  # (b, k+h, *space, c): one gather
+        gathered = traj[sample[:, None], frames]  # (b, k+h, *space, c): one gather, normalised
         windows = torch.from_numpy(gathered)
         target = windows[:, k] if self.horizon == 1 else windows[:, k:]
         if not const:
@@ -80,7 +82,7 @@ class PairDataset(_Mapped):
     """Steady problems (Darcy): input field in, solution field out."""
 
     def __init__(self, info: CacheInfo, split: str):
-        super().__init__(info.path / f"{split}_x.npy", info.path / f"{split}_y.npy")
+        super().__init__(info.array(split, "x"), info.array(split, "y"))
         self.n_samples = info.sizes[split]
 
     def __len__(self) -> int:

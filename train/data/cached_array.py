@@ -1,0 +1,144 @@
+"""One cached array as the model reads it: raw float32 bytes on disk, normalised per read.
+
+A cache stores physical values and the statistics beside them, and every read returns ``(x - mean) / std``
+(float32, the same arithmetic a normalising copy would have done). That is what lets a cache map a dataset
+where it lies in the source HDF5 file instead of writing a second, normalised copy of it: an uncompressed,
+contiguous float32 dataset is a plain array at a known byte offset, and ``np.memmap`` reads it as one.
+
+The bytes come from either
+
+- a ``.npy`` file in the cache folder (a strided, channels-last copy), or
+- one or more *fields* in place in a source file: each an ``(N, *rest)`` float32 array at ``offset``, of which
+  samples ``first..first + n`` belong to this array; several fields are stacked as channels, last.
+
+Nothing but paths and numbers survive pickling, so a DataLoader worker maps the files itself after any fork,
+and every process shares the OS page cache: one copy in RAM whatever the number of ranks and workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Field:
+    """A float32 dataset in place in a source file: ``shape`` is its whole (N, *rest) shape."""
+
+    file: str
+    offset: int
+    shape: tuple[int, ...]
+
+    def record(self) -> dict:
+        return {"file": self.file, "offset": self.offset, "shape": list(self.shape)}
+
+    @classmethod
+    def from_record(cls, record: dict) -> Field:
+        return cls(record["file"], int(record["offset"]), tuple(record["shape"]))
+
+
+class CachedArray:
+    """Read-only, normalising, lazily mapped (n, ..., c) float32 array; indexing reads only what it selects."""
+
+    def __init__(
+        self,
+        mean: np.ndarray | tuple,
+        std: np.ndarray | tuple,
+        npy: Path | None = None,
+        fields: tuple[Field, ...] = (),
+        first: int = 0,
+        count: int = 0,
+    ):
+        assert (npy is None) != (not fields), "an array lies in a .npy file or in source fields"
+        self.mean = np.asarray(mean, np.float32)
+        self.std = np.asarray(std, np.float32)
+        self.npy, self.fields, self.first = npy, tuple(fields), first
+        if npy is not None:
+            self._shape = tuple(np.load(npy, mmap_mode="r").shape)
+        else:
+            self._shape = (count, *fields[0].shape[1:], len(fields))
+        self._maps: tuple[np.ndarray, ...] | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * int(np.prod(self._shape))
+
+    @property
+    def in_place(self) -> bool:
+        """The bytes are the source file's own: no copy of them exists in the cache."""
+        return bool(self.fields)
+
+    def __len__(self) -> int:
+        return self._shape[0]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_maps": None}
+
+    def _mapped(self) -> tuple[np.ndarray, ...]:
+        if self._maps is None:
+            if self.npy is not None:
+                self._maps = (np.load(self.npy, mmap_mode="r"),)
+            else:
+                self._maps = tuple(
+                    np.memmap(f.file, dtype="<f4", mode="r", offset=f.offset, shape=f.shape) for f in self.fields
+                )
+        return self._maps
+
+    def raw(self, index=slice(None)) -> np.ndarray:
+        """The physical values at ``index`` (a copy, never a view of the map)."""
+        maps = self._mapped()
+        if self.npy is not None:
+            return _owned(maps[0][index])
+        first, *rest = index if isinstance(index, tuple) else (index,)
+        if first is Ellipsis or len(rest) >= self.ndim - 1:  # an index reaching the channel axis: take it after
+            return _owned(self.raw(slice(None))[index])
+        rows = _shift(first, self.first, len(self))
+        picked = [m[(rows, *rest)] for m in maps]
+        return _owned(picked[0][..., None]) if len(picked) == 1 else np.stack(picked, axis=-1)
+
+    def __getitem__(self, index) -> np.ndarray:
+        out = self.raw(index)
+        np.subtract(out, self.mean, out=out)
+        np.divide(out, self.std, out=out)
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+
+def _owned(array: np.ndarray) -> np.ndarray:
+    """A contiguous float32 array of its own: a slice of a read-only map is copied, a gather's result is not."""
+    out = np.ascontiguousarray(array, dtype=np.float32)
+    return out if out.flags.writeable and out.base is None else out.copy()
+
+
+def _shift(index, first: int, count: int):
+    """An index into this array's ``count`` samples, as the same samples of a field that starts ``first`` earlier."""
+    if isinstance(index, slice):
+        start, stop, step = index.indices(count)
+        return slice(first + start, first + stop, step) if step > 0 else first + np.arange(start, stop, step)
+    if isinstance(index, int | np.integer):
+        if not -count <= index < count:
+            raise IndexError(f"index {index} is out of bounds for {count} samples")
+        return first + index % count
+    index = np.asarray(index)
+    if index.dtype == bool:
+        return first + np.flatnonzero(index)
+    if index.size and (index.min() < -count or index.max() >= count):
+        raise IndexError(f"an index is out of bounds for {count} samples")
+    return first + index % count

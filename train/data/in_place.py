@@ -1,0 +1,146 @@
+"""Caches that map a dataset where it lies in its source file instead of copying it.
+
+A PDEBench single-file dataset stored uncompressed and contiguous as little-endian float32 (how PDEBench
+publishes them) is, byte for byte, the array a cache would hold when the run uses all of it, unstrided: its
+(N, t, *space) samples are the (N, t, *space, 1) trajectories of a one-field family, or one channel of a
+several-field family (CFD's density, pressure, velocities). Such a cache holds no array at all, only where
+each field lies in the file; reads normalise per batch (train.data.cached_array). Its build reads every byte
+once, sequentially, to take the train split's statistics and to refuse non-finite values, as a copying build
+would, and writes nothing but its manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Queue
+
+import h5py
+import numpy as np
+
+from train.config import TaskConfig
+from train.data.cached_array import Field
+from train.data.running_stats import RunningStats
+from train.errors import DataError, StopRequested
+from train.pdes import LAYOUTS
+
+SCAN_BLOCK_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One cached array in place: its fields (one per channel) and the samples ``first..first + count``."""
+
+    fields: tuple[Field, ...]
+    first: int
+    count: int
+    keys: tuple[str, ...]
+
+    def record(self) -> dict:
+        return {"fields": [f.record() for f in self.fields], "first": self.first, "count": self.count}
+
+
+def locate(path: Path, keys: tuple[str, ...], task: TaskConfig) -> tuple[Field, ...] | None:
+    """Where each of ``keys`` lies in the PDEBench file ``path``, when the task reads them whole and unstrided
+    from plain storage; None when the cache must copy (another layout, a stride, chunks, compression, a dtype
+    other than little-endian float32)."""
+    layout = LAYOUTS[task.pde]
+    if layout.style != "single" or task.spatial_stride != 1 or (layout.autoregressive and task.temporal_stride != 1):
+        return None
+    fields = []
+    with h5py.File(path, "r") as f:
+        for key in keys:
+            ds = f[key]
+            plain = ds.chunks is None and ds.compression is None and ds.dtype == np.dtype("<f4")
+            offset = ds.id.get_offset() if plain and ds.id.get_create_plist().get_nfilters() == 0 else None
+            if offset is None:
+                return None
+            shape = ds.shape
+            if not layout.autoregressive and len(shape) == 2 + layout.spatial_dims:
+                shape = (shape[0], *shape[2:])  # Darcy's singleton time axis: the same bytes without it
+            fields.append(Field(str(Path(path).resolve()), int(offset), tuple(shape)))
+    return tuple(fields)
+
+
+def file_identity(path: str | Path) -> list[int]:
+    """What a mapped source must still be when the cache is used: size and modification time."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+class ChannelStats:
+    """Per-field running statistics of the train split, fed with flat float32 blocks (one field at a time)."""
+
+    def __init__(self, n_fields: int):
+        self.fields = [RunningStats() for _ in range(n_fields)]
+
+    def update(self, field: int, block: np.ndarray) -> None:
+        self.fields[field].update(block.reshape(-1, 1))
+
+    def result(self, std_floor: float | None) -> tuple[np.ndarray, np.ndarray]:
+        means, stds = zip(*(acc.result(std_floor) for acc in self.fields), strict=True)
+        return np.concatenate(means), np.concatenate(stds)
+
+
+def _byte_ranges(placed: Placed) -> Iterator[tuple[int, Field, int, int]]:
+    """(field number, field, first sample, end sample) of every block to read, in file order per field."""
+    for i, field in enumerate(placed.fields):
+        row = 4 * int(np.prod(field.shape[1:]))
+        step = max(1, SCAN_BLOCK_BYTES // row)
+        for start in range(placed.first, placed.first + placed.count, step):
+            yield i, field, start, min(start + step, placed.first + placed.count)
+
+
+def _read_ahead(placed: Placed, out: Queue, stop: threading.Event) -> None:
+    """Read blocks into fresh buffers on a thread (the read releases the GIL): the scan's arithmetic on one
+    block overlaps the disk's read of the next."""
+    try:
+        for i, field, start, end in _byte_ranges(placed):
+            if stop.is_set():
+                break
+            row = 4 * int(np.prod(field.shape[1:]))
+            buffer = np.empty((end - start) * row // 4, np.float32)
+            with open(field.file, "rb", buffering=0) as f:
+                f.seek(field.offset + start * row)
+                view, done = memoryview(buffer).cast("B"), 0
+                while done < len(view):
+                    n = f.readinto(view[done:])
+                    if not n:
+                        raise DataError(f"{field.file}: the file ends inside a dataset; re-create or re-download it")
+                    done += n
+            out.put((i, start, buffer))
+    except BaseException as e:  # handed to the consumer, which raises it
+        out.put(e)
+    out.put(None)
+
+
+def scan(placed: Placed, stats: ChannelStats | None) -> None:
+    """Read ``placed``'s samples once, front to back: refuse non-finite values, feed ``stats`` (the train split)."""
+    blocks: Queue = Queue(maxsize=2)
+    stop = threading.Event()
+    reader = threading.Thread(target=_read_ahead, args=(placed, blocks, stop), name="cache-scan", daemon=True)
+    reader.start()
+    finished = False
+    try:
+        while (item := blocks.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            StopRequested.check()
+            i, start, block = item
+            if not np.isfinite(block).all():
+                row = int(np.prod(placed.fields[i].shape[1:]))
+                bad = start + int(np.flatnonzero(~np.isfinite(block))[0]) // row
+                name = placed.fields[i].file
+                raise DataError(f"{name}: non-finite values (NaN/Inf) in '{placed.keys[i]}' at sample {bad}")
+            if stats is not None:
+                stats.update(i, block)
+        finished = True
+    finally:
+        stop.set()
+        # Unblock a reader waiting on the full queue; it puts None last, whatever ended it.
+        while not finished and blocks.get() is not None:
+            pass
+        reader.join()
