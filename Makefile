@@ -21,6 +21,7 @@ COMPOSE_FILES ?= compose.yaml
 CPU ?=
 BASE_IMAGE ?=
 EXTRAS ?=
+GPU_CHECKS ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -31,7 +32,7 @@ define checked
 	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
 endef
 
-.PHONY: help install train data cache fit evaluate doctor smoke-test push slurm bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
+.PHONY: help install gpu-check train data cache fit evaluate doctor smoke-test push slurm bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
 
 help: ## List the targets
 	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
@@ -76,6 +77,9 @@ slurm: install ## Render an sbatch file from CONFIG's slurm section (SET="slurm.
 
 bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), the Well demo (well); BENCH_ARGS="well"
 	$(call checked,$(BIN)/python -m train.bench $(BENCH_ARGS))
+
+gpu-check: ## On one GPU (minutes): NCCL smoke, bf16 + torch.compile, SyncBatchNorm, bitwise resume, speed -> runs/gpu-check/ (exit 0 without a GPU)
+	$(call checked,scripts/gpu-check.sh $(GPU_CHECKS))
 
 test: install ## The whole test suite (unit, distributed, integration)
 	$(call checked,$(BIN)/python -m pytest $(PYTEST_ARGS))

@@ -7,9 +7,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch.distributed.run as torchrun
 
 from train.config import load_config
 from train.errors import ConfigError
+from train.launch import torchrun as torchrun_module
 from train.launch.topology import first_slurm_host, topology_from_environ
 from train.launch.torchrun import debug_variables, describe_failure, exit_code_of, torchrun_argv
 from train.obs.log import redacted_environ
@@ -72,6 +74,22 @@ def test_torchrun_argv_single_and_multi_node(tmp_path):
     assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=head:29400", "--rdzv-id=j"} <= set(multi)
     assert "--rdzv-conf=join_timeout=45,is_host=false" in multi
     assert not any(a.startswith("--local-ranks-filter") for a in multi), "DEBUG shows every rank"
+
+
+def test_flags_an_older_torchrun_lacks_are_left_out(tmp_path, monkeypatch, caplog):
+    """torch 2.11's torchrun (a GPU image's own build) has no --shutdown-timeout and refuses the whole command
+    on it: the launch goes on without it, saying so."""
+    cfg = load_config("configs/tiny.yaml")
+    argv = torchrun_argv(topology_from_environ({}, "r"), 1, cfg, tmp_path, "train.worker", [], debug=False)
+    known = torchrun.get_args_parser().parse_known_args(argv)[1]
+    assert known == [], f"today's torchrun takes every flag: {known}"
+    assert any(a.startswith("--shutdown-timeout") for a in argv)
+    older = torchrun_module._torchrun_options() - {"--shutdown-timeout", "--shutdown_timeout"}
+    monkeypatch.setattr(torchrun_module, "_torchrun_options", lambda: older)
+    argv = torchrun_argv(topology_from_environ({}, "r"), 1, cfg, tmp_path, "train.worker", [], debug=False)
+    assert not any(a.startswith("--shutdown-timeout") for a in argv)
+    assert any(a.startswith("--signals-to-handle") for a in argv)
+    assert "has no --shutdown-timeout" in caplog.text
 
 
 def test_debug_variables_point_the_flight_recorder_into_the_run(tmp_path):

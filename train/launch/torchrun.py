@@ -6,6 +6,7 @@ failed rank's exit code and error file, print one summary and exit with the rank
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -118,12 +119,31 @@ def torchrun_argv(
         f"--log-dir={log_dir}",
         f"--tee={tee}",  # every rank's stdout/stderr (native crashes, NCCL) into its own file, and to the console
         *([] if debug else ["--local-ranks-filter=0"]),
-        f"--signals-to-handle={','.join(FORWARDED_SIGNALS)}",
-        f"--shutdown-timeout={cfg.dist.shutdown_timeout_s}",
+        *supported(
+            f"--signals-to-handle={','.join(FORWARDED_SIGNALS)}", f"--shutdown-timeout={cfg.dist.shutdown_timeout_s}"
+        ),
         "--module",
         module,
         *args,
     ]
+
+
+@functools.cache
+def _torchrun_options() -> frozenset[str]:
+    from torch.distributed.run import get_args_parser
+
+    return frozenset(o for action in get_args_parser()._actions for o in action.option_strings)
+
+
+def supported(*flags: str) -> list[str]:
+    """The flags this PyTorch's torchrun knows; each one it lacks is left out with a warning (an older PyTorch,
+    e.g. a GPU image's own build, refuses the whole command on one unknown flag)."""
+    known = _torchrun_options()
+    kept = [flag for flag in flags if flag.split("=")[0] in known]
+    for flag in flags:
+        if flag not in kept:
+            log.warning("torchrun of torch %s has no %s: launched without it", torch.__version__, flag.split("=")[0])
+    return kept
 
 
 def debug_variables(run: RunDir) -> dict[str, str]:
