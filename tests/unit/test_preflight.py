@@ -284,3 +284,44 @@ def test_the_disk_estimate_of_a_checkpoint_follows_the_model_built(settings):
     tasks = [TaskData(name, None, spec) for name, spec in specs.items()]  # the model is built from the specs
     real = sum(p.numel() for p in initial_model(cfg, tasks, torch.device("cpu")).parameters())
     assert abs(parameter_estimate(cfg) - real) < real / 3, (parameter_estimate(cfg), real)
+
+
+def test_the_disk_plan_counts_no_copy_for_a_cache_in_place_and_the_strided_share_otherwise(tmp_path):
+    import h5py
+    import numpy as np
+
+    from train.launch.capacity import cache_bytes
+
+    plain, chunked = tmp_path / "plain.hdf5", tmp_path / "chunked.hdf5"
+    data = np.zeros((8, 11, 64), np.float32)
+    with h5py.File(plain, "w") as f:
+        f.create_dataset("tensor", data=data)
+    with h5py.File(chunked, "w") as f:
+        f.create_dataset("tensor", data=data, chunks=(1, 11, 64), compression="gzip")
+    cfg = load_config(Path(__file__).parents[2] / "configs/tiny.yaml")
+    whole = cfg.tasks["advection1d"].model_copy(update={"temporal_stride": 1, "spatial_stride": 1})
+    strided = whole.model_copy(update={"temporal_stride": 5, "spatial_stride": 2})
+    assert cache_bytes(whole, plain, 1000) == 0  # mapped where it lies
+    assert cache_bytes(whole, None, 1000) == 0  # a file still to generate: plain float32 too
+    assert cache_bytes(whole, chunked, 1000) == 1000  # compressed: copied whole
+    assert cache_bytes(strided, plain, 1000) == 100  # the strided share
+
+
+def test_a_disk_too_small_for_source_cache_and_checkpoints_fails_with_the_numbers(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from train.launch import doctor
+
+    cfg = load_config(
+        Path(__file__).parents[2] / "configs/tiny.yaml",
+        [f"run.{d}_dir={tmp_path / d}" for d in ("data", "cache", "runs")]
+        + [f"tasks.advection1d.{k}" for k in ("n_samples=20000", "resolution=1024", "temporal_stride=2")],
+    )
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, 10 << 30))
+    check = doctor.check_disk(cfg, {})
+    assert check.status == doctor.FAIL, check
+    # 16.5 GB of advection to generate, its temporal_stride-2 copy in the cache: both named, with the total
+    assert "10.0 GiB free" in check.detail and f"{tmp_path / 'data'} 15.3 GiB" in check.detail
+    assert f"{tmp_path / 'cache'} 7,852 MiB" in check.detail and "needs about 23.0 GiB" in check.detail

@@ -15,10 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from train.bench import cache_io, models, remote, trainer_step, well
+from train.bench import cache_io, models, remote, scale, trainer_step, well
 from train.errors import TrainError
 
-COMMANDS = ("cache-io", "trainer", "models", "remote", "well", "all")
+COMMANDS = ("cache-io", "trainer", "models", "remote", "well", "scale", "all")
 # Each benchmark's own options and their defaults (``all`` runs both with these).
 CACHE_IO = {"cache_gb": 1.1, "steps": 400, "h5py_steps": 40, "warmup": 5}
 TRAINER = {"steps": 150, "warmup": 20, "repeats": 5}
@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     re.add_argument("--repeats", type=int, default=REMOTE["repeats"], help="pairs of launches, alternating")
     re.add_argument("--rate-mb-s", type=float, default=REMOTE["rate_mb_s"], help="upload speed of the remote")
     _common(sub.add_parser("well", help=well.__doc__.splitlines()[0]))
+    sc = sub.add_parser("scale", help=scale.__doc__.splitlines()[0])
+    _common(sc)
+    sc.add_argument(
+        "--cfd-fraction", type=float, default=0.1, help="share of PDEBench's 10,000-sample (55 GB) 2D CFD file to write"
+    )
     every = sub.add_parser("all", help="every benchmark with its default sizes (the default command)")
     _common(every)
     return parser
@@ -119,6 +124,12 @@ def well_main(args: argparse.Namespace) -> dict:
     return result
 
 
+def scale_main(args: argparse.Namespace) -> dict:
+    result = scale.run(args.out, args.workdir, args.quick, args.cfd_fraction)
+    print((args.out / "scale.md").read_text(), flush=True)
+    return result
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options; without a subcommand (none, or only options) the command is ``all``."""
     argv = list(argv)
@@ -141,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "models": [models_main],
         "remote": [remote_main],
         "well": [well_main],
+        "scale": [scale_main],  # 15 GB of disk and tens of minutes: not part of all
         "all": [cache_io_main, trainer_main, models_main, remote_main, well_main],
     }
     missed = []

@@ -170,8 +170,12 @@ def cache_key(task: TaskConfig, checksums: dict[str, list[str]]) -> str:
 def _checksums(cache_root: Path, paths: dict[str, list[Path]]) -> dict[str, list[str]]:
     """Each split's files' content checksums, in the files' order."""
     memo = ChecksumMemo(cache_root / CHECKSUMS)
+    start = time.perf_counter()
     sums = {split: [memo.checksum(path) for path in group] for split, group in paths.items()}
     memo.save()
+    if memo.hashed_bytes:
+        seconds = time.perf_counter() - start
+        log.info("cache: checksummed %.2f GB of source in %.1f s", memo.hashed_bytes / 1e9, seconds)
     return sums
 
 

@@ -47,6 +47,8 @@ class ChecksumMemo:
         except (OSError, ValueError):
             self._entries = {}
         self._dirty = False
+        self.hashed_bytes = 0
+        """Bytes read to hash files whose checksum was not remembered."""
 
     def checksum(self, source: Path) -> str:
         try:
@@ -60,6 +62,7 @@ class ChecksumMemo:
             return entry["checksum"]
         try:
             value = hash_file(resolved)
+            self.hashed_bytes += st.st_size
         except OSError as e:
             raise DataError(f"data file '{source}' cannot be read: {e}") from None
         # A write during the read would make the checksum describe neither version: do not remember it.

@@ -80,9 +80,31 @@ def checkpoint_bytes(cfg: Config) -> int:
     return parameter_estimate(cfg) * 4 * 3
 
 
+def cache_bytes(task, source: Path | None, size: int) -> int:
+    """About what a task's missing cache will take on disk: nothing where it maps its source in place
+    (train.data.in_place: a PDEBench dataset read whole from plain float32 storage; generated files are), else
+    the strided share of the source."""
+    from train.data import in_place
+    from train.pdes import LAYOUTS
+
+    layout = LAYOUTS[task.pde]
+    whole = task.spatial_stride == 1 and (not layout.autoregressive or task.temporal_stride == 1)
+    if layout.style == "single" and whole:
+        if source is None or not source.is_file():
+            return 0
+        keys = layout.targets if layout.autoregressive else layout.inputs + layout.targets
+        try:
+            if in_place.locate(source, tuple(dict.fromkeys(keys)), task) is not None:
+                return 0
+        except (OSError, KeyError):  # not readable as that layout: the data check says why
+            pass
+    shrink = task.spatial_stride**layout.spatial_dims * (task.temporal_stride if layout.autoregressive else 1)
+    return size // shrink
+
+
 def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> list[tuple[Path, int, list[str]]]:
-    """(an existing folder on it, bytes needed, the configured folders) per filesystem: checkpoints kept plus
-    one being written, and each missing cache (about its source file's size)."""
+    """(an existing folder on it, bytes needed, what needs them) per filesystem: checkpoints kept plus one being
+    written, each missing source file to generate, and each missing cache (train.launch.capacity.cache_bytes)."""
     from train.data.generate import file_bytes
     from train.data.sources import generated_path
 
@@ -93,6 +115,7 @@ def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> 
             if task.pde == "well":
                 folder = Path(cfg.run.data_dir) / name if task.location == "generate" else Path(task.location)
                 size = sum(p.stat().st_size for p in folder.glob("data/*/*") if p.is_file()) if folder.is_dir() else 0
+                source = None
             elif task.source == "generate":
                 source = generated_path(Path(cfg.run.data_dir), name, task)
                 generated = file_bytes(task.pde, task.n_samples, task.resolution)
@@ -101,14 +124,14 @@ def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> 
             else:
                 source = Path(task.source.removeprefix("file://")).expanduser()
                 size = source.stat().st_size if source.is_file() else 0
-            cache_need += size
+            cache_need += cache_bytes(task, source, size) if task.pde != "well" else size
     needs[Path(cfg.run.cache_dir)] = cache_need
     needs[Path(cfg.run.data_dir)] = needs.get(Path(cfg.run.data_dir), 0) + data_need
     by_device: dict[int, tuple[Path, int, list[str]]] = {}
     for folder, need in needs.items():
         root = _existing(folder)
         _, total, folders = by_device.get(root.stat().st_dev, (root, 0, []))
-        by_device[root.stat().st_dev] = (root, total + need, [*folders, str(folder)])
+        by_device[root.stat().st_dev] = (root, total + need, [*folders, f"{folder} {mib(need)}"])
     return list(by_device.values())
 
 
