@@ -75,7 +75,7 @@ push: install ## Mirror runs/<name> to run.remote now, what a launch could not s
 slurm: install ## Render an sbatch file from CONFIG's slurm section (SET="slurm.nodes=2 ..."; OUT=file)
 	$(call checked,$(BIN)/python -m train slurm --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)))
 
-bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), the Well demo (well); BENCH_ARGS="well"
+bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), the Well demo (well), published-size data in 4 GB (scale, only when named); BENCH_ARGS="well"
 	$(call checked,$(BIN)/python -m train.bench $(BENCH_ARGS))
 
 gpu-check: ## On one GPU (minutes): NCCL smoke, bf16 + torch.compile, SyncBatchNorm, bitwise resume, speed -> runs/gpu-check/ (exit 0 without a GPU)

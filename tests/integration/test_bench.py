@@ -109,3 +109,21 @@ def test_quick_well_benchmark_runs_the_demo_config_from_nothing(tmp_path):
     assert result["wall_s"] > 0 and len(result["targets"]) == 2
     table = (tmp_path / "well.md").read_text()
     assert "| A |" in table and "vrmse_6_12" in table and table in proc.stdout
+
+
+def test_quick_scale_benchmark_builds_in_place_and_copied_caches_and_launches_in_a_memory_cgroup(tmp_path):
+    from tests.helpers import unavailable
+    from train.bench import cgroup
+
+    reason = cgroup.why_not()
+    if reason is not None:
+        unavailable(f"no memory cgroup can be made: {reason}", "TRAIN_REQUIRE_CGROUP")
+    proc = bench(tmp_path, "scale")
+    result = json.loads((tmp_path / "scale.json").read_text())
+    assert result["in_place"]["tasks"]["advection1d"]["in_place"] and result["in_place"]["tasks"]["cfd2d"]["in_place"]
+    assert not result["copy"]["tasks"]["advection1d"]["in_place"]
+    assert result["launch"]["exit"] == 0 and result["launch"]["oom_kills"] == 0
+    roles = sorted({p["role"] for p in result["launch"]["processes"]})
+    assert {"launcher", "rank", "worker"} <= set(roles), roles
+    assert result["loader"]["samples_per_s_per_core"] > 0 and len(result["targets"]) == 7
+    assert "| advection1d (in place) |" in (tmp_path / "scale.md").read_text() and "PASS" in proc.stdout

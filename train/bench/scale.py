@@ -3,9 +3,9 @@
 Writes two files in PDEBench's layout: 1D advection, 10,000 x 201 x 1024 float32 (8.2 GB, the exact solution,
 written block by block by the package's generator), and 2D compressible CFD at 128^2 with 4 fields: PDEBench
 publishes 10,000 samples x 21 frames (55 GB); ``--cfd-fraction`` (default 0.1: 1,000 samples, 5.5 GB, so 13.7
-GB of source in all) sets the share written. The CFD fields are an
-exact solution of the Euler equations: a density pattern carried by a uniform flow at constant pressure, each
-sample with its own velocity, pressure and pattern. Then, from a cold page cache for the files involved
+GB of source in all) sets the share written. The CFD fields are an exact solution of the Euler equations
+(train.data.generate_cfd): a density pattern carried by a uniform flow at constant pressure, each sample with its
+own velocity, pressure and pattern. Then, from a cold page cache for the files involved
 (``posix_fadvise(DONTNEED)`` on each, nothing machine-wide), it measures:
 
 - the raw sequential read of each source against its cache build (``python -m train cache`` in the 4 GB
@@ -36,13 +36,13 @@ import threading
 import time
 from pathlib import Path
 
-import h5py
 import numpy as np
 import yaml
 
 from train.bench import cgroup, machine_figures, save_result
 from train.bench.cache_io import evict, raw_read_seconds
 from train.data.generate import generate
+from train.data.generate_cfd import cfd_fields, write_cfd
 from train.disk import free_bytes, human
 from train.errors import TrainError
 from train.obs.procmem import child_pids, pss_bytes
@@ -50,45 +50,13 @@ from train.obs.procmem import child_pids, pss_bytes
 REPO = Path(__file__).resolve().parents[2]
 ADVECTION = (10_000, 201, 1024)
 CFD = (10_000, 21, 128, 128)
-CFD_FIELDS = ("density", "pressure", "Vx", "Vy")
+CFD_FIELDS = cfd_fields(2)
 LIMIT = 4 << 30
 # make gpu-check on one H200 (torch 2.11, CUDA 13.0): the default FNO on this advection file, mapped in place,
 # batch 64, took 2,863 samples/s with 23% of the time waiting for data (runs/gpu-check/speed.json).
 GPU_SAMPLES_PER_S = 2863.0
 GPU_DATA_WAIT = 0.23
 TARGETS = {"build_rss_gb": 1.0, "in_place_ratio": 0.70, "copy_ratio": 0.45, "footprint": 1.05, "loader_margin": 10.0}
-
-
-def write_cfd(path: Path, n: int, seed: int = 0) -> Path:
-    """2D CFD in PDEBench's layout, block by block: density advected by a uniform flow, pressure and velocity
-    uniform per sample (an exact Euler solution on the periodic unit square)."""
-    _, t, nx, ny = CFD
-    x = (np.arange(nx) + 0.5) / nx
-    times = np.linspace(0.0, 1.0, t)
-    tmp = path.with_suffix(".part")
-    with h5py.File(tmp, "w") as f:
-        sets = {k: f.create_dataset(k, shape=(n, t, nx, ny), dtype="<f4") for k in CFD_FIELDS}
-        f["x-coordinate"], f["y-coordinate"] = x.astype(np.float32), x.astype(np.float32)
-        f["t-coordinate"] = np.append(times, times[-1] + times[1]).astype(np.float32)
-        block = 32
-        for start in range(0, n, block):
-            stop = min(n, start + block)
-            rng = np.random.default_rng([seed, start])
-            b = stop - start
-            v = rng.uniform(-1, 1, (b, 2))
-            k = rng.integers(1, 4, (b, 2, 2))
-            phase, amp = rng.uniform(0, 2 * np.pi, (b, 2)), rng.uniform(0.05, 0.3, (b, 2))
-            xs = x[None, None, :, None] - v[:, 0, None, None, None] * times[None, :, None, None]
-            ys = x[None, None, None, :] - v[:, 1, None, None, None] * times[None, :, None, None]
-            rho = np.ones((b, t, nx, ny), np.float32)
-            for m in range(2):
-                arg = 2 * np.pi * (k[:, m, 0, None, None, None] * xs + k[:, m, 1, None, None, None] * ys)
-                rho += (amp[:, m, None, None, None] * np.sin(arg + phase[:, m, None, None, None])).astype(np.float32)
-            sets["density"][start:stop] = rho
-            for key, value in (("pressure", rng.uniform(0.5, 2, b)), ("Vx", v[:, 0]), ("Vy", v[:, 1])):
-                sets[key][start:stop] = np.broadcast_to(value[:, None, None, None], rho.shape).astype(np.float32)
-    tmp.rename(path)
-    return path
 
 
 def _peak_rss(group: cgroup.MemoryCgroup, argv: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, float, int]:
@@ -111,16 +79,16 @@ def _peak_rss(group: cgroup.MemoryCgroup, argv: list[str], **kwargs) -> tuple[su
     return subprocess.CompletedProcess(argv, proc.returncode, proc.stdout.read(), "".join(out)), wall, peak
 
 
-def _config(path: Path, tasks: dict) -> Path:
+def _config(path: Path, tasks: dict, steps: int = 200) -> Path:
     config = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
     config["tasks"] = tasks
-    config["train"].update(epochs=1, steps_per_epoch=200, num_workers=2, log_every=20)
+    config["train"].update(epochs=1, steps_per_epoch=steps, num_workers=2, log_every=min(20, steps // 2))
     path.write_text(yaml.safe_dump(config))
     return path
 
 
 def _tasks(adv: Path, cfd: Path, strided: bool = False) -> dict:
-    small = {"val_fraction": 0.002, "test_fraction": 0.002}
+    small = {"val_fraction": 0.002, "test_fraction": 0.002}  # 20 advection samples each: evaluation stays short
     advection = {"pde": "advection1d", "source": str(adv), "initial_step": 10, "batch_size": 32, **small}
     if strided:  # PDEBench's own 1D baseline: 1024 -> 256 points, 201 -> 41 frames
         advection.update(spatial_stride=4, temporal_stride=5)
@@ -224,9 +192,9 @@ def _role(cmdline: bytes, depth: int) -> str:
     return "rank" if depth == 1 and b"train.worker" in cmdline else "worker" if depth == 2 else "other"
 
 
-def launch(workdir: Path, adv: Path, cfd: Path) -> dict:
+def launch(workdir: Path, adv: Path, cfd: Path, steps: int = 200) -> dict:
     """The default FNO on both tasks, 2 ranks x 2 workers, the whole launch inside a 4 GB memory cgroup."""
-    config = _config(workdir / "launch.yaml", _tasks(adv, cfd))
+    config = _config(workdir / "launch.yaml", _tasks(adv, cfd), steps)
     runs = workdir / "runs"
     shutil.rmtree(runs / "scale", ignore_errors=True)
     for source in (adv, cfd):
@@ -287,8 +255,8 @@ def run(out: Path, workdir: Path, quick: bool = False, cfd_fraction: float = 0.1
         raise TrainError(f"the scale benchmark runs its launch in a memory cgroup, and none can be made: {reason}")
     load_before = os.getloadavg()[0]
     workdir.mkdir(parents=True, exist_ok=True)
-    n_adv = 1000 if quick else ADVECTION[0]
-    n_cfd = max(100, int(CFD[0] * cfd_fraction)) if not quick else 100
+    n_adv = 200 if quick else ADVECTION[0]  # quick: 0.16 GB and 0.11 GB, 10 steps: the plumbing, not the figures
+    n_cfd = 20 if quick else max(100, int(CFD[0] * cfd_fraction))
     adv_bytes = 4 * n_adv * ADVECTION[1] * ADVECTION[2]
     cfd_bytes = 4 * n_cfd * int(np.prod(CFD[1:])) * len(CFD_FIELDS)
     need = adv_bytes + cfd_bytes + adv_bytes // 20 + (1 << 30)
@@ -305,7 +273,7 @@ def run(out: Path, workdir: Path, quick: bool = False, cfd_fraction: float = 0.1
     if not adv.is_file():
         generate("advection1d", adv, n_samples=n_adv, resolution=ADVECTION[2], coefficient=0.1, seed=0)
     if not cfd.is_file():
-        write_cfd(cfd, n_cfd)
+        write_cfd(cfd, n_cfd, CFD[1], CFD[2:])
     written_s = time.perf_counter() - started
     raw = {}
     for name, path in (("advection1d", adv), ("cfd2d", cfd)):
@@ -315,8 +283,8 @@ def run(out: Path, workdir: Path, quick: bool = False, cfd_fraction: float = 0.1
     in_place = build(workdir, "in_place", _tasks(adv, cfd), [adv, cfd])
     copy = build(workdir, "copy", _tasks(adv, cfd, strided=True), [adv])
     raw_both = (adv_bytes + cfd_bytes) / (adv_bytes / raw["advection1d"] + cfd_bytes / raw["cfd2d"])
-    launched = launch(workdir, adv, cfd)
-    loader = loader_rate(workdir)
+    launched = launch(workdir, adv, cfd, 10 if quick else 200)
+    loader = loader_rate(workdir, 2.0 if quick else 20.0)
     fno_per_core = launched["samples_per_s"] / 2
     result = {
         "files": {"advection1d": [n_adv, *ADVECTION[1:]], "cfd2d": [n_cfd, *CFD[1:], len(CFD_FIELDS)]},
@@ -371,7 +339,7 @@ def markdown(r: dict) -> str:
             f"{load['before']:.1f} before, {load['after']:.1f} after)",
             "",
             f"Raw sequential read, cold: advection {r['raw_read_gb_s']['advection1d']:.2f} GB/s, CFD "
-            f"{r['raw_read_gb_s']['cfd2d']:.2f} GB/s. Files written in {r['written_s']:.0f} s.",
+            f"{r['raw_read_gb_s']['cfd2d']:.2f} GB/s.",
             "",
             "| cache | stage GB/s read | of raw read | cache GB | cache / data used | build peak RSS MiB |",
             "|---|---:|---:|---:|---:|---:|",

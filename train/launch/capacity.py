@@ -66,9 +66,9 @@ def parameter_estimate(cfg: Config) -> int:
     total = 0
     for task in cfg.tasks.values():
         dims = LAYOUTS[task.pde].spatial_dims or 2  # a Well dataset's dimensions are in its files: guess 2D
-        if m.name == "fno":  # spectral weights (two blocks of modes in 2D) dominate; then lifting and projection
+        if m.name == "fno":  # spectral weights (2 blocks of modes in 2D, 4 in 3D) dominate; lifting, projection
             f = m.fno
-            spectral = (1 if dims == 1 else 2) * f.width**2 * f.modes**dims * 2
+            spectral = 2 ** (dims - 1) * f.width**2 * f.modes**dims * 2
             total += f.layers * (spectral + f.width**2 + f.width) + (task.initial_step * 4 + dims) * f.width + 130 * 128
         elif m.name == "unet":  # 2.7 M weights in 1D at 32 features, three times the kernel taps per extra axis
             total += int(2.7e6 * 3 ** (dims - 1) * (m.unet.init_features / 32) ** 2)

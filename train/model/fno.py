@@ -1,4 +1,4 @@
-"""Fourier neural operators after PDEBench's FNO1d and FNO2d: one network per task.
+"""Fourier neural operators after PDEBench's FNO1d, FNO2d and FNO3d: one network per task.
 
 Each network lifts the input (the ``initial_step`` frames' channels, or a steady input's, plus the grid
 coordinates) to ``width`` channels, applies ``layers`` spectral layers (a convolution that keeps the lowest
@@ -12,6 +12,8 @@ for power-of-two sizes.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -24,14 +26,18 @@ PROJECTION_WIDTH = 128
 class SpectralConv(nn.Module):
     """Multiplies the lowest Fourier modes of each input channel by learned complex weights, per output channel.
 
-    1D: modes 0..m-1 of the real FFT. 2D: the lowest m1 (positive) and the highest m1 (negative) frequencies
-    along the first axis, each with modes 0..m2-1 of the last axis, as in PDEBench's SpectralConv2d_fast.
+    1D: modes 0..m-1 of the real FFT. 2D and 3D: along each axis but the last, the lowest m (positive) or the
+    highest m (negative) frequencies, every combination of them a block of weights of its own, each with modes
+    0..m_last-1 of the last axis: 2 blocks in 2D, 4 in 3D, as PDEBench's SpectralConv2d_fast and
+    SpectralConv3d.
     """
 
     def __init__(self, width: int, modes: tuple[int, ...]):
         super().__init__()
         self.modes = modes
-        blocks = 1 if len(modes) == 1 else 2
+        # (low or high, ...) along each axis but the last, in PDEBench's order of weights1, weights2, ...
+        self.corners = [c[::-1] for c in itertools.product((False, True), repeat=len(modes) - 1)]
+        blocks = len(self.corners)
         scale = 1 / (width * width)
         # Complex weights held as (..., 2) real tensors: every optimizer and collective handles real tensors.
         self.weights = nn.Parameter(scale * torch.rand(blocks, width, width, *modes, 2))
@@ -45,13 +51,14 @@ class SpectralConv(nn.Module):
             spectrum = torch.fft.rfftn(x.float(), dim=dims)
             w = torch.view_as_complex(self.weights.float())
             out = torch.zeros_like(spectrum)
-            if len(self.modes) == 1:
-                (m,) = self.modes
-                out[..., :m] = torch.einsum("bix,iox->box", spectrum[..., :m], w[0])
-            else:
-                m1, m2 = self.modes
-                out[:, :, :m1, :m2] = torch.einsum("bixy,ioxy->boxy", spectrum[:, :, :m1, :m2], w[0])
-                out[:, :, -m1:, :m2] = torch.einsum("bixy,ioxy->boxy", spectrum[:, :, -m1:, :m2], w[1])
+            axes = "xyz"[: len(self.modes)]
+            for block, corner in enumerate(self.corners):
+                index = (
+                    slice(None), slice(None),
+                    *[slice(-m, None) if high else slice(None, m) for high, m in zip(corner, self.modes, strict=False)],
+                    slice(None, self.modes[-1]),
+                )  # fmt: skip
+                out[index] = torch.einsum(f"bi{axes},io{axes}->bo{axes}", spectrum[index], w[block])
             return torch.fft.irfftn(out, s=x.shape[2:], dim=dims)
 
 
@@ -60,8 +67,8 @@ class FNO(nn.Module):
 
     def __init__(self, spec: TaskSpec, cfg: FNOConfig):
         super().__init__()
-        if len(spec.grid) not in (1, 2):
-            raise ValueError(f"model.name=fno handles 1D and 2D grids, not {len(spec.grid)}D")
+        if len(spec.grid) not in (1, 2, 3):
+            raise ValueError(f"model.name=fno handles 1D, 2D and 3D grids, not {len(spec.grid)}D")
         self.spec = spec
         dims = len(spec.grid)
         padding = cfg.padding if cfg.padding is not None else (0 if dims == 1 else 2)
@@ -69,12 +76,12 @@ class FNO(nn.Module):
         self.pads = [0 if wraps else padding for wraps in spec.periodic]
         self.residual = cfg.residual and spec.autoregressive
         padded = [n + p for n, p in zip(spec.grid, self.pads, strict=True)]
-        # The first axis of a 2D transform is a full FFT: its positive and negative blocks must not overlap.
-        limits = [padded[-1] // 2 + 1] if dims == 1 else [padded[0] // 2, padded[1] // 2 + 1]
+        # Every axis but the last is a full FFT: its positive and negative blocks must not overlap.
+        limits = [n // 2 for n in padded[:-1]] + [padded[-1] // 2 + 1]
         modes = tuple(min(cfg.modes, limit) for limit in limits)
         self.lift = nn.Linear(spec.in_features + dims, cfg.width)
         self.spectral = nn.ModuleList(SpectralConv(cfg.width, modes) for _ in range(cfg.layers))
-        conv = nn.Conv1d if dims == 1 else nn.Conv2d
+        conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1]
         self.pointwise = nn.ModuleList(conv(cfg.width, cfg.width, 1) for _ in range(cfg.layers))
         self.project = nn.Sequential(
             nn.Linear(cfg.width, PROJECTION_WIDTH), nn.GELU(), nn.Linear(PROJECTION_WIDTH, spec.out_channels)

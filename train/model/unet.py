@@ -1,4 +1,4 @@
-"""U-Nets after PDEBench's UNet1d and UNet2d: one network per task.
+"""U-Nets after PDEBench's UNet1d, UNet2d and UNet3d: one network per task.
 
 Four levels down and four up: each level two convolutions of kernel 3, each followed by batch normalisation
 and tanh; max pooling by 2 on the way down, transposed convolutions on the way up, with the encoder's features
@@ -60,13 +60,17 @@ class UNet(nn.Module):
     def __init__(self, spec: TaskSpec, cfg: UNetConfig):
         super().__init__()
         dims = len(spec.grid)
-        if dims not in (1, 2):
-            raise ValueError(f"model.name=unet handles 1D and 2D grids, not {dims}D")
+        if dims not in (1, 2, 3):
+            raise ValueError(f"model.name=unet handles 1D, 2D and 3D grids, not {dims}D")
         self.spec = spec
-        conv, norm = (nn.Conv1d, nn.BatchNorm1d) if dims == 1 else (nn.Conv2d, nn.BatchNorm2d)
+        conv, norm = (
+            (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1],
+            (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)[dims - 1],
+        )
         wrapping = _wrapping(conv, spec.periodic)
         self.residual = cfg.residual and spec.autoregressive
-        up, pool = (nn.ConvTranspose1d, nn.MaxPool1d) if dims == 1 else (nn.ConvTranspose2d, nn.MaxPool2d)
+        up = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[dims - 1]
+        pool = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)[dims - 1]
         widths = [cfg.init_features * 2**level for level in range(LEVELS + 1)]
         self.encoders = nn.ModuleList()
         channels = spec.in_features
