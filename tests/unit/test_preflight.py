@@ -286,6 +286,21 @@ def test_the_disk_estimate_of_a_checkpoint_follows_the_model_built(settings):
     assert abs(parameter_estimate(cfg) - real) < real / 3, (parameter_estimate(cfg), real)
 
 
+@pytest.mark.parametrize("model", ["model.name=fno", "model.name=unet"])
+def test_the_parameter_estimate_covers_3d_models(tmp_path, model):
+    """A 3D CFD task: within a third of the parameters the FNO (four blocks of 3D modes) or U-Net really has."""
+    from train.engine.loaders import initial_model
+    from train.launch.capacity import parameter_estimate
+    from train.model.specs import TaskData, TaskSpec
+
+    config = tmp_path / "cfd3d.yaml"
+    config.write_text("tasks:\n  cfd3d: {pde: cfd3d, source: x.hdf5, initial_step: 10}\n")
+    cfg = load_config(config, [model, "model.fno.modes=8"])
+    tasks = [TaskData("cfd3d", None, TaskSpec((32, 32, 32), 5, 5, 8, 10, True))]
+    real = sum(p.numel() for p in initial_model(cfg, tasks, torch.device("cpu")).parameters())
+    assert abs(parameter_estimate(cfg) - real) < real / 3, (parameter_estimate(cfg), real)
+
+
 def test_the_disk_plan_counts_no_copy_for_a_cache_in_place_and_the_strided_share_otherwise(tmp_path):
     import h5py
     import numpy as np
