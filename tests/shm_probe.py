@@ -27,15 +27,30 @@ def run(args: list[str]) -> dict:
     }
 
 
+def cached_arrays(cache_dir: Path) -> list:
+    """Every array of every finished cache under ``cache_dir``: the data a run reads, whether its bytes lie in the
+    cache's .npy files or in place in the source files."""
+    from train.data.cache import CacheInfo
+
+    arrays = []
+    for manifest in sorted(cache_dir.glob("*/*/manifest.json")):
+        info = CacheInfo.load(manifest.parent)
+        if info is None:
+            continue
+        parts = ([""] if info.autoregressive else ["x", "y"]) + (["const"] if info.const_channels else [])
+        arrays += [info.array(split, part) for split in ("train", "val", "test") for part in parts]
+    return arrays
+
+
 def preload(cache_dir: Path) -> dict:
     import numpy as np
     import torch
 
-    arrays = sorted(p for p in cache_dir.rglob("*.npy") if "_windows_" not in p.name)
-    total, shared = sum(p.stat().st_size for p in arrays), 0
+    arrays = cached_arrays(cache_dir)
+    total, shared = sum(a.nbytes for a in arrays), 0
     try:
-        for path in arrays:  # a tensor per array, then share_memory_()
-            tensor = torch.from_numpy(np.load(path))
+        for array in arrays:  # a tensor per array, then share_memory_()
+            tensor = torch.from_numpy(np.asarray(array))
             tensor.share_memory_()
             shared += tensor.nbytes
     except RuntimeError as e:
