@@ -19,10 +19,10 @@ from train.obs.sinks import read_metrics
 
 pytestmark = pytest.mark.integration
 
-# The launcher and one rank with PyTorch loaded hold about 620 MiB of their own (measured: 240 + 375); the rest
-# is what the page cache may keep of the file.
-LIMIT_MIB = 1024
-SAMPLES = 4000  # x 201 frames x 1024 points x 4 bytes: 3.3 GB, 3.1 times the limit
+# The launcher and one rank with PyTorch loaded hold 620 to 1,040 MiB of their own (measured: 240 + 375 here,
+# 342 + 695 once in CI, with transparent huge pages); the rest is what the page cache may keep of the file.
+LIMIT_MIB = 1536
+SAMPLES = 6000  # x 201 frames x 1024 points x 4 bytes: 4.9 GB, 3.2 times the limit
 CONFIG = f"""
 tasks:
   advection1d:
@@ -64,7 +64,7 @@ def test_a_file_several_times_the_memory_limit_trains_inside_it(tmp_path):
     cached = sum(p.stat().st_size for p in cache.iterdir())
     assert cached < 0.01 * data.stat().st_size, f"the cache copied the data: {cached} bytes"
     manifest = json.loads((cache / "manifest.json").read_text())
-    assert manifest["in_place"]["arrays"]["train.npy"]["count"] == SAMPLES - 2 * 40
+    assert manifest["in_place"]["arrays"]["train.npy"]["count"] == SAMPLES - 2 * 60
 
     run = tmp_path / "runs" / "ooc"
     steps = [r["step"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
