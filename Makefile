@@ -15,6 +15,11 @@ DRY_RUN ?=
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 OUT ?=
+INPUT ?=
+STEPS ?=
+TASK ?=
+CHECKPOINT ?=
+FORMAT ?= onnx
 # Container targets: CPU=1 on hosts without GPUs (the -cpu services); BASE_IMAGE picks the image's base.
 COMPOSE ?= docker compose
 COMPOSE_FILES ?= compose.yaml
@@ -32,7 +37,7 @@ define checked
 	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
 endef
 
-.PHONY: help install gpu-check train data cache fit evaluate doctor smoke-test push slurm bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
+.PHONY: help install gpu-check train data cache fit evaluate doctor smoke-test push slurm predict export bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
 
 help: ## List the targets
 	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
@@ -74,6 +79,12 @@ push: install ## Mirror runs/<name> to run.remote now, what a launch could not s
 
 slurm: install ## Render an sbatch file from CONFIG's slurm section (SET="slurm.nodes=2 ..."; OUT=file)
 	$(call checked,$(BIN)/python -m train slurm --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)))
+
+predict: install ## A trained run's predictions on an HDF5 file: RUN=name|folder INPUT=file.h5 OUT=pred.h5 [STEPS=N TASK=name CHECKPOINT=best]
+	$(call checked,$(BIN)/python -m train predict --run $(RUN) --input $(INPUT) --output $(OUT) $(if $(STEPS),--steps $(STEPS)) $(if $(TASK),--task $(TASK)) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)))
+
+export: install ## A trained run as files that run without this package: RUN=name|folder [FORMAT=onnx|torchscript OUT=folder TASK=name]
+	$(call checked,$(BIN)/python -m train export --run $(RUN) --format $(FORMAT) $(if $(OUT),--output $(OUT)) $(if $(TASK),--task $(TASK)) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)))
 
 bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), the Well demo (well), published-size data in 4 GB (scale, only when named); BENCH_ARGS="well"
 	$(call checked,$(BIN)/python -m train.bench $(BENCH_ARGS))

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from train.atomic import atomic_path
+from train.config import flatten, migrate_model_keys
 from train.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,15 @@ PROGRESS = "progress"
 CONFIG = "config"
 """The run's resolved config, as JSON-compatible data."""
 SPECS = "specs"
+"""Each task's shapes (``TaskSpec.as_dict()``) by task name."""
 SPEC_DEFAULTS = {"frame_stride": 1, "boundary": ()}
 """Keys a task's spec gained later, and the value a checkpoint written before them had (it resumes as it was)."""
-"""Each task's shapes (``TaskSpec.as_dict()``) by task name."""
+TASK_CARDS = "task_cards"
+"""Each task's use beyond its shapes (``TaskData.card()``): the PDE family, the channel names and the statistics
+that normalise its inputs and targets. With CONFIG and SPECS it makes a checkpoint usable without its data,
+cache or config file (train.use)."""
+WEIGHTS_FROM = "weights_from"
+"""Where a fine-tuned run's initial weights came from (train.init_from): the checkpoint's path and SHA-256."""
 MODEL_SOURCE = "model_source"
 """A user factory's source: ``{"file": path, "sha256": hex}`` of the file that defines it (absent for built-ins)."""
 
@@ -246,12 +253,13 @@ def model_differences(
     ``defaults``: the values of model keys that a checkpoint written before they existed does not record;
     ``keys``: the model keys compared (default: all), e.g. only those the run's model.name is built from."""
     differences = []
-    saved_model = {**(defaults or {}), **saved.get(CONFIG, {}).get("model", {})}
-    for key in sorted(set(saved_model) | set(model_cfg)):
-        if keys is not None and key not in keys:
+    saved_model = {**flatten(defaults or {}), **flatten(migrate_model_keys(saved.get(CONFIG, {}).get("model", {})))}
+    here = flatten(model_cfg)
+    for key in sorted(set(saved_model) | set(here)):
+        if keys is not None and key.split(".")[0] not in keys:
             continue
-        if saved_model.get(key) != model_cfg.get(key):
-            differences.append(f"model.{key} ({saved_model.get(key)!r} there, {model_cfg.get(key)!r} here)")
+        if saved_model.get(key) != here.get(key):
+            differences.append(f"model.{key} ({saved_model.get(key)!r} there, {here.get(key)!r} here)")
     saved_specs = saved.get(SPECS, {})
     for task in sorted(set(saved_specs) | set(specs)):
         if task not in saved_specs or task not in specs:

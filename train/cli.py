@@ -10,7 +10,7 @@ from pathlib import Path
 
 from train.config import load_config
 from train.disk import as_disk_full
-from train.errors import StopRequested, TrainError
+from train.errors import ConfigError, StopRequested, TrainError
 from train.launch.stop import stop_on_signals
 from train.obs.log import setup_logging
 
@@ -33,6 +33,11 @@ OTHER_COMMANDS = {
     "exit 4 when not all of it got there",
 }
 LAUNCHING = ("run", "fit", "evaluate", "smoke")
+USING_COMMANDS = {
+    "predict": "a trained model's predictions on an HDF5 file (rollouts from its initial frames), written in the "
+    "same layout and scored when the file holds the true frames",
+    "export": "write a trained model as a file that runs without this package (ONNX or TorchScript), one per task",
+}
 
 
 def _nproc(value: str) -> str:
@@ -74,7 +79,45 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile step")
         if name == "slurm":
             c.add_argument("--output", "-o", help="write the sbatch file here instead of printing it")
+    _using_commands(sub)
     return p
+
+
+def _using_commands(sub) -> None:
+    """Commands on a trained run: no config file, the run (or checkpoint, or remote) is the input."""
+    for name, help_text in USING_COMMANDS.items():
+        c = sub.add_parser(name, help=help_text, description=help_text)
+        c.add_argument("--run", required=True, help="a run folder (runs/<name>), a checkpoint file or b2://.../<run>")
+        c.add_argument("--checkpoint", default="best", help="best (default), latest, or a checkpoint path")
+        c.add_argument("--task", help="the task to use; default: the only one (predict: the one the input fits)")
+        c.add_argument("--output", "-o", help="the file to write" + (" (required)" if name == "predict" else ""))
+        if name == "predict":
+            c.add_argument("--input", "-i", required=True, help="an HDF5 file in a layout the task reads")
+            c.add_argument("--steps", type=int, help="frames to predict (default: to the input's last frame)")
+            c.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+            c.add_argument("--batch-size", type=int, default=64, help="trajectories per forward (default 64)")
+        else:
+            c.add_argument("--format", choices=("onnx", "torchscript"), default="onnx", help="default: onnx")
+
+
+def _use(args: argparse.Namespace) -> None:
+    if args.command == "predict":
+        from train.use.predict import predict_file
+
+        if not args.output:
+            raise ConfigError("predict needs --output FILE, the HDF5 file to write the predictions to")
+        scores = predict_file(
+            args.run, Path(args.input), Path(args.output), args.steps, args.checkpoint, args.task, args.device,
+            args.batch_size,
+        )  # fmt: skip
+        print(f"predictions written to {args.output}")
+        if scores is not None:
+            print(f"nRMSE {scores['nrmse']:.6g}, RMSE {scores['rmse']:.6g} over {scores['n_samples']} sample(s)")
+    else:
+        from train.use.export import export_run
+
+        for path in export_run(args.run, args.format, args.output, args.checkpoint, args.task):
+            print(f"exported {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> None:
+    if args.command in USING_COMMANDS:
+        return _use(args)
     cfg = load_config(args.config, args.overrides, run_name=args.run or None)
     # torch is imported only once the config is known to be good
     if args.command == "doctor":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from train.errors import ConfigError
 from train.pdes import LAYOUTS
+
+_log = logging.getLogger(__name__)
 
 PDE = Literal[tuple(LAYOUTS)]  # the registry's families; a wrong name gets them listed
 
@@ -78,7 +81,8 @@ class TaskConfig(Section):
     latent_encoder: str | None = None
     """Checkpoint (.pt) of an earlier run whose encoder for this task is frozen: its tokens for every training
     item are precomputed into a latent cache beside the data cache, and training reads them instead of
-    running the encoder. The run's data settings, patch_size, initial_step and model.d_model must match it."""
+    running the encoder. The run's data settings, patch_size, initial_step and model.transformer.d_model must
+    match it."""
     well: WellConfig | None = None
     """The dataset and windows of a task in The Well's schema; required with pde: well, refused otherwise."""
 
@@ -166,30 +170,9 @@ class UNetConfig(Section):
     prediction); time-dependent tasks only."""
 
 
-BUILT_IN_MODELS = ("transformer", "fno", "unet")
-# The model keys each architecture reads (a factory of your own: model.args); the others change nothing.
-_ARCHITECTURE_KEYS = {
-    "transformer": ("d_model", "n_heads", "n_layers", "mlp_ratio", "dropout"),
-    "fno": ("fno",),
-    "unet": ("unet",),
-}
+class TransformerConfig(Section):
+    """The multi-task transformer: per-task patch encoders and decoders around one shared processor."""
 
-
-def model_keys_in_use(name: str) -> tuple[str, ...]:
-    """The keys under ``model`` that model.name=``name`` is built from."""
-    return ("name", *_ARCHITECTURE_KEYS.get(name, ("args",)))
-
-
-class ModelConfig(Section):
-    name: str = "transformer"
-    """The architecture: a built-in one (transformer, fno, unet), or your own factory as 'package.module:function' or
-    'path/to/file.py:function', called as factory(specs, **model.args) (see the README, 'Your own model')."""
-    args: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of your own factory (built-in models take their settings from their own section)."""
-    fno: FNOConfig = FNOConfig()
-    """Settings of model.name=fno."""
-    unet: UNetConfig = UNetConfig()
-    """Settings of model.name=unet."""
     d_model: int = Field(96, ge=8)
     """Width of the shared transformer processor."""
     n_heads: int = Field(4, ge=1)
@@ -200,6 +183,75 @@ class ModelConfig(Section):
     """Hidden width of each block's MLP, as a multiple of d_model."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout inside the transformer blocks."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_heads(self) -> TransformerConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"model.transformer.d_model ({self.d_model}) must be a multiple of model.transformer.n_heads "
+                f"({self.n_heads})"
+            )
+        return self
+
+
+BUILT_IN_MODELS = ("transformer", "fno", "unet")
+"""The built-in architectures; each reads its settings from model.<its name> (train.model.builtin's table)."""
+LEGACY_TRANSFORMER_KEYS = tuple(TransformerConfig.model_fields)
+"""Keys the transformer read directly under ``model`` before it had a section of its own: still accepted there
+(moved into model.transformer with a note), so older configs, overrides and checkpoints keep working."""
+
+
+def model_keys_in_use(name: str) -> tuple[str, ...]:
+    """The keys under ``model`` that model.name=``name`` is built from."""
+    return ("name", name if name in BUILT_IN_MODELS else "args")
+
+
+def migrate_model_keys(model: Any, origin: str = "model") -> Any:
+    """``model`` (a config's model section as data) with the transformer's old top-level keys moved into
+    ``model.transformer``; the same value given both ways is one setting, two different ones an error."""
+    if not isinstance(model, dict) or not set(model) & set(LEGACY_TRANSFORMER_KEYS):
+        return model
+    model = dict(model)
+    section = dict(model.get("transformer") or {})
+    for key in LEGACY_TRANSFORMER_KEYS:
+        if key not in model:
+            continue
+        value = model.pop(key)
+        if key in section and section[key] != value:
+            raise ValueError(
+                f"{origin}.{key}={value!r} and {origin}.transformer.{key}={section[key]!r} disagree; "
+                f"{origin}.{key} is the older name of {origin}.transformer.{key}: keep one"
+            )
+        section[key] = value
+    model["transformer"] = section
+    return model
+
+
+class ModelConfig(Section):
+    name: str = "transformer"
+    """The architecture: a built-in one (transformer, fno, unet), or your own factory as 'package.module:function' or
+    'path/to/file.py:function', called as factory(specs, **model.args) (see docs/models.md)."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of your own factory (built-in models take their settings from their own section)."""
+    transformer: TransformerConfig = TransformerConfig()
+    """Settings of model.name=transformer. The keys used to sit directly under model (model.d_model, ...): they
+    are still accepted there and moved here, with a note."""
+    fno: FNOConfig = FNOConfig()
+    """Settings of model.name=fno."""
+    unet: UNetConfig = UNetConfig()
+    """Settings of model.name=unet."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _move_legacy_keys(cls, data: Any) -> Any:
+        moved = migrate_model_keys(data)
+        if moved is not data:
+            old = sorted(set(data) & set(LEGACY_TRANSFORMER_KEYS))
+            _log.info(
+                "config: %s now live under model.transformer (%s); read from there",
+                ", ".join(f"model.{k}" for k in old), ", ".join(f"model.transformer.{k}" for k in old),
+            )  # fmt: skip
+        return moved
 
 
 class TrainConfig(Section):
@@ -237,6 +289,15 @@ class TrainConfig(Section):
     """'auto': continue from the newest complete checkpoint of this run; 'never': start over (earlier
     checkpoints are moved to checkpoints/archive-<time>/, not deleted); or the path of a checkpoint to start
     from (used while this run has none of its own; its model config must match)."""
+    init_from: str | None = None
+    """Fine-tuning: start from another run's weights, given as a checkpoint file, a run folder (its best.pt, else
+    its newest checkpoint) or a run's remote copy b2://bucket/prefix/<run name>. Only the weights come across:
+    the optimizer, schedule, data and steps are this run's own. Parameters of tasks the source was not trained on
+    start fresh; any other difference in names or shapes is an error naming the parameter. Used while this run
+    has no checkpoint of its own (then it resumes from those). inputs.json and the report record the source."""
+    freeze: list[str] = []
+    """Parameter-name prefixes kept fixed during training, e.g. ['processor.'] (the transformer's shared
+    processor) or ['networks.advection1d.lift']; each must match a parameter."""
     eval_batch_size: int = Field(64, ge=1)
     """Samples per rank per evaluation batch."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
@@ -432,7 +493,7 @@ class Config(Section):
         if self.model.args and name in BUILT_IN_MODELS:
             raise ValueError(
                 f"model.args is only for a factory of your own; model.name={name} takes its settings from its "
-                "own keys (see the README, 'Models')"
+                "own section (see docs/models.md)"
             )
         latent = [t for t, task in self.tasks.items() if task.latent_encoder is not None]
         if latent and name != "transformer":
@@ -445,10 +506,6 @@ class Config(Section):
                 f"tasks.{latent[0]}.latent_encoder holds the encoder's tokens of true input frames, but "
                 f"train.objective={self.train.objective} feeds the model its own predictions: use "
                 "train.objective=one_step, or remove latent_encoder"
-            )
-        if self.model.d_model % self.model.n_heads:
-            raise ValueError(
-                f"model.d_model ({self.model.d_model}) must be a multiple of model.n_heads ({self.model.n_heads})"
             )
         for name in self.tasks:
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
@@ -517,6 +574,10 @@ def apply_override(tree: dict, override: str) -> None:
     if not sep or not key.strip():
         raise ConfigError(f"override {override!r} must look like key.path=value, e.g. train.epochs=3")
     parts = key.strip().split(".")
+    if len(parts) == 2 and parts[0] == "model" and parts[1] in LEGACY_TRANSFORMER_KEYS:
+        parts.insert(1, "transformer")  # the older name: the override sets what it always meant
+    if parts[:2] == ["model", "transformer"] and len(parts) == 3 and isinstance(tree.get("model"), dict):
+        tree["model"].pop(parts[2], None)  # the file's value under the older name is what the override replaces
     node = tree
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
@@ -648,11 +709,11 @@ def to_yaml(config: Config) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(tree, dict):
         out: dict[str, Any] = {}
         for k, v in tree.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: tree}
 
@@ -689,13 +750,13 @@ def _left_out(model_name: str, one_step: bool) -> tuple[str, ...]:
 def training_view(cfg: Config) -> dict[str, Any]:
     """The flattened settings that decide what is trained."""
     left_out = _left_out(cfg.model.name, cfg.train.objective == "one_step")
-    return {k: v for k, v in sorted(_flatten(cfg.model_dump(mode="json")).items()) if not k.startswith(left_out)}
+    return {k: v for k, v in sorted(flatten(cfg.model_dump(mode="json")).items()) if not k.startswith(left_out)}
 
 
 def training_differences(a: Config, b: Config) -> list[str]:
     """Keys whose values differ between two configs, ignoring settings that do not affect training (a model's
     settings are differences only under b's model.name: a changed name always is one)."""
-    fa, fb = _flatten(a.model_dump(mode="json")), _flatten(b.model_dump(mode="json"))
+    fa, fb = flatten(a.model_dump(mode="json")), flatten(b.model_dump(mode="json"))
     left_out = _left_out(b.model.name, a.train.objective == "one_step" and b.train.objective == "one_step")
     return [k for k in sorted(set(fa) | set(fb)) if not k.startswith(left_out) and fa.get(k) != fb.get(k)]
 

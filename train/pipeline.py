@@ -19,6 +19,7 @@ from train.checkpoint import (
 from train.config import BUILT_IN_MODELS, Config
 from train.data.cache import CacheInfo, build_cache, building_caches, window_span, write_window_index
 from train.data.sources import SplitFiles, stage_data
+from train.engine.init_from import resolve_initial_weights
 from train.engine.objective import target_frames
 from train.errors import ConfigError, DataError, TrainError
 from train.launch.doctor import check_shm_at_launch, doctor
@@ -83,7 +84,12 @@ def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, dict[s
         if encoder is not None:
             with building_caches(root):
                 latent = build_latent_cache(
-                    name, info, specs[name], cfg.model.d_model, Path(encoder), f"tasks.{name}.latent_encoder"
+                    name,
+                    info,
+                    specs[name],
+                    cfg.model.transformer.d_model,
+                    Path(encoder),
+                    f"tasks.{name}.latent_encoder",
                 )
         folders[name] = {"cache": str(info.path), "latent": str(latent.path) if latent else None}
     return folders
@@ -134,7 +140,8 @@ def _launch_stages(
     folders = stage_cache(cfg, sources)
     session.between_stages()
     run.prepare(cfg)
-    run.write_inputs(folders, {name: files.provenance for name, files in sources.items()})
+    weights_from = resolve_initial_weights(cfg, b2_api) if command in ("run", "fit") else run_weights_from(run)
+    run.write_inputs(folders, {name: files.provenance for name, files in sources.items()}, weights_from)
     plan = None
     if session.leads:
         plan = plan_launch(cfg, command, run)
@@ -169,6 +176,14 @@ def _launch_stages(
             log.info("%s: test nRMSE %.4g (baseline %.4g)", name, r["nrmse"], r["baseline_nrmse"])
         log.info("run folder: %s", run.root)
     return run.root
+
+
+def run_weights_from(run: RunDir) -> dict | None:
+    """What an earlier launch recorded of the initial weights (an evaluation keeps it in inputs.json)."""
+    try:
+        return run.weights_from()
+    except (OSError, ValueError):
+        return None
 
 
 def plan_launch(cfg: Config, command: str, run: RunDir) -> LaunchPlan:

@@ -144,13 +144,19 @@ class RunDir:
         self.logs.mkdir(parents=True, exist_ok=True)
 
     def write_inputs(
-        self, folders: dict[str, dict[str, str | None]], provenance: Mapping[str, Provenance | None] | None = None
+        self,
+        folders: dict[str, dict[str, str | None]],
+        provenance: Mapping[str, Provenance | None] | None = None,
+        weights_from: dict | None = None,
     ) -> None:
         """Each task's cache folder and latent cache folder (None without one) and, given the data stage's
-        provenance, where each split came from and what the data stage warned about (see load_data)."""
+        provenance, where each split came from and what the data stage warned about (see load_data); with
+        train.init_from, the checkpoint the initial weights come from (``weights_from``, under every task)."""
         inputs: dict[str, dict] = {}
         for name, task_folders in folders.items():
             inputs[name] = dict(task_folders)
+            if weights_from is not None:
+                inputs[name]["weights_from"] = weights_from
             if provenance and provenance.get(name) is not None:
                 # The cache's manifest holds each split's sample range and each source file's checksum.
                 manifest = json.loads((Path(task_folders["cache"]) / CACHE_MANIFEST).read_text())
@@ -208,12 +214,21 @@ class RunDir:
             tasks.append(TaskData(name, info, task_spec(info, task), latent, window_outputs=outputs))
         return tasks
 
+    def weights_from(self) -> dict | None:
+        """The checkpoint train.init_from resolved to (as the launcher recorded it), or None."""
+        inputs = json.loads(self.inputs.read_text())
+        return next((v["weights_from"] for v in inputs.values() if "weights_from" in v), None)
+
     def load_data(self) -> dict[str, dict]:
         """Per task, where its data came from: ``data`` (each split's origin, file and samples) and
         ``data_warnings``; a task whose inputs were written without them (benchmarks, some tests) is left out."""
         inputs = json.loads(self.inputs.read_text())
         return {
-            name: {"data": v["data"], "data_warnings": v.get("data_warnings", [])}
+            name: {
+                "data": v["data"],
+                "data_warnings": v.get("data_warnings", []),
+                **({"weights_from": v["weights_from"]} if "weights_from" in v else {}),
+            }
             for name, v in inputs.items()
             if "data" in v
         }

@@ -9,7 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from tests.helpers import run_ranks
-from train.config import Config, FNOConfig, ModelConfig, TaskConfig, UNetConfig
+from train.config import Config, FNOConfig, ModelConfig, TaskConfig, TransformerConfig, UNetConfig
 from train.data import generate
 from train.data.cache import build_cache
 from train.distributed.env import DistEnv, destroy_distributed, init_distributed
@@ -20,7 +20,7 @@ from train.model.specs import TaskData, TaskSpec
 
 pytestmark = pytest.mark.distributed
 
-MODEL = ModelConfig(d_model=16, n_heads=2, n_layers=1)
+MODEL = TransformerConfig(d_model=16, n_heads=2, n_layers=1)
 SPECS = {
     "adv": TaskSpec(grid=(32,), in_channels=1, out_channels=1, patch_size=4, initial_step=3, autoregressive=True),
     "darcy": TaskSpec(grid=(8, 8), in_channels=1, out_channels=1, patch_size=4, initial_step=1, autoregressive=False),

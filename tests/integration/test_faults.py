@@ -29,8 +29,8 @@ pytestmark = pytest.mark.integration
 # 160 steps of about 20 ms: a window of seconds in which to interrupt the run at a random step.
 LONG = [
     "--set", "train.epochs=4", "--set", "train.steps_per_epoch=40", "--set", "train.checkpoint_every=10",
-    "--set", "train.log_every=1", "--set", "model.d_model=64", "--set", "model.n_layers=2",
-    "--set", "model.dropout=0.1",  # randomness inside the step must replay too
+    "--set", "train.log_every=1", "--set", "model.transformer.d_model=64", "--set", "model.transformer.n_layers=2",
+    "--set", "model.transformer.dropout=0.1",  # randomness inside the step must replay too
 ]  # fmt: skip
 
 

@@ -54,7 +54,10 @@ def test_resume_never_archives_and_a_path_must_match_the_model(tmp_path):
     bad = run_cli("fit", *TINY, *folders(tmp_path), *other, "--set", "model.d_model=48", "--set", "model.n_layers=2")
     assert bad.returncode == 2
     assert "cannot resume from" in bad.stderr
-    assert "model.d_model (32 there, 48 here)" in bad.stderr and "model.n_layers (1 there, 2 here)" in bad.stderr
+    assert (
+        "model.transformer.d_model (32 there, 48 here)" in bad.stderr
+        and "model.transformer.n_layers (1 there, 2 here)" in bad.stderr
+    )
     assert not list_checkpoints(tmp_path / "runs" / "wider" / "checkpoints")
 
     good = run_cli("fit", *TINY, *folders(tmp_path), "--run", "continued", "--set", f"train.resume={source}",

@@ -30,8 +30,8 @@ JOB_TIMEOUT = 540  # until a job has ended for good (its time limit is 10 minute
 # 160 steps, checkpoints every 10 (so a resume is mid-epoch), dropout: the stopped runs of scancel and requeue.
 SHORT = [
     "--set", "train.epochs=4", "--set", "train.steps_per_epoch=40", "--set", "train.checkpoint_every=10",
-    "--set", "train.log_every=1", "--set", "model.d_model=64", "--set", "model.n_layers=2",
-    "--set", "model.dropout=0.1",
+    "--set", "train.log_every=1", "--set", "model.transformer.d_model=64", "--set", "model.transformer.n_layers=2",
+    "--set", "model.transformer.dropout=0.1",
 ]  # fmt: skip
 SHORT_END = (4, 160)
 
@@ -39,8 +39,8 @@ SHORT_END = (4, 160)
 # stops trains for about 45 s on an idle 2-core machine, so that the signal finds it training.
 LONG = [
     "--set", "train.epochs=2", "--set", "train.steps_per_epoch=1600", "--set", "train.checkpoint_every=50",
-    "--set", "train.log_every=5", "--set", "model.d_model=64", "--set", "model.n_layers=2",
-    "--set", "model.dropout=0.1",
+    "--set", "train.log_every=5", "--set", "model.transformer.d_model=64", "--set", "model.transformer.n_layers=2",
+    "--set", "model.transformer.dropout=0.1",
 ]  # fmt: skip
 LONG_END = (2, 3200)
 # The signal lead of the time-limit run: the new limit is set so that the signal is due at once (at the next

@@ -24,7 +24,7 @@ from train.checkpoint import (
     save_best,
     save_checkpoint,
 )
-from train.config import ModelConfig, load_config
+from train.config import TransformerConfig, load_config
 from train.engine.optim import warmup_cosine
 from train.errors import ConfigError, DataError
 from train.model.multitask import MultiTaskSurrogate
@@ -40,7 +40,7 @@ def trainer_like_state(repo, epoch=3):
     cfg = load_config(repo / "configs" / "tiny.yaml")
     spec = TaskSpec(grid=(16,), in_channels=1, out_channels=1, patch_size=4, initial_step=2, autoregressive=True)
     torch.manual_seed(0)
-    model = MultiTaskSurrogate({"adv": spec}, ModelConfig(d_model=16, n_heads=2, n_layers=1))
+    model = MultiTaskSurrogate({"adv": spec}, TransformerConfig(d_model=16, n_heads=2, n_layers=1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(2, 10))
     out = model({"adv": torch.randn(2, 2, 16, 1)})["adv"]
@@ -137,7 +137,7 @@ def test_trainer_state_round_trips_with_weights_only(tmp_path, repo):
             assert torch.equal(loaded["optimizer"]["state"][idx][key], value)
     # the loaded dicts restore into fresh objects
     spec = TaskSpec(**loaded["specs"]["adv"])
-    model = MultiTaskSurrogate({"adv": spec}, ModelConfig(d_model=16, n_heads=2, n_layers=1))
+    model = MultiTaskSurrogate({"adv": spec}, TransformerConfig(d_model=16, n_heads=2, n_layers=1))
     model.load_state_dict(loaded["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     optimizer.load_state_dict(loaded["optimizer"])

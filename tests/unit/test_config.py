@@ -8,6 +8,7 @@ import pydantic
 import pytest
 import yaml
 
+from train.checkpoint import CONFIG, model_differences
 from train.config import (
     CompileConfig,
     Config,
@@ -20,6 +21,7 @@ from train.config import (
     SlurmConfig,
     TaskConfig,
     TrainConfig,
+    TransformerConfig,
     UNetConfig,
     WandbConfig,
     WellConfig,
@@ -106,9 +108,9 @@ def test_yaml_file_overrides_defaults(tmp_path):
         + "model:\n  d_model: 64\n  n_heads: 8\ntrain:\n  epochs: 7\n  lr: 2.0e-4\ncompile:\n  enabled: false\n",
     )
     cfg = load_config(path)
-    assert cfg.model.d_model == 64
-    assert cfg.model.n_heads == 8
-    assert cfg.model.n_layers == ModelConfig().n_layers
+    assert cfg.model.transformer.d_model == 64
+    assert cfg.model.transformer.n_heads == 8
+    assert cfg.model.transformer.n_layers == ModelConfig().transformer.n_layers
     assert cfg.train.epochs == 7
     assert cfg.train.lr == 2e-4
     assert cfg.compile.enabled is False
@@ -198,7 +200,7 @@ def test_config_file_with_exponent_only_scalar_loads(tmp_path):
     [
         ("train.epoch=3", "train.epoch", "train.epochs"),
         ("tasks.adv.batchsize=3", "tasks.adv.batchsize", "tasks.adv.batch_size"),
-        ("model.d_modle=64", "model.d_modle", "model.d_model"),
+        ("model.transformer.d_modle=64", "model.transformer.d_modle", "model.transformer.d_model"),
         ("run.cache_dri=x", "run.cache_dri", "run.cache_dir"),
         ("dist.backnd=gloo", "dist.backnd", "dist.backend"),
     ],
@@ -242,7 +244,7 @@ def test_an_error_in_an_override_names_the_override_not_the_file(minimal):
         load_config(path, ["train.epochs=abc"])
     assert str(e.value).startswith(f"{path}: invalid config:")
     assert "'train.epochs': Input should be a valid integer (got 'abc') (set by --set train.epochs=abc)" in str(e.value)
-    assert "'model.dropout'" in str(e.value) and "high') (set by" not in str(e.value)
+    assert "'model.transformer.dropout'" in str(e.value) and "high') (set by" not in str(e.value)
 
 
 def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path):
@@ -272,7 +274,7 @@ def test_unknown_section_in_file(tmp_path):
         ("train.epochs=true", "train.epochs"),  # strict: a bool is not an int
         ("tasks.adv.batch_size=x", "tasks.adv.batch_size"),
         ("compile.enabled=maybe", "compile.enabled"),  # a union: the key, not 'compile.enabled.bool'
-        ("model.dropout=high", "model.dropout"),
+        ("model.dropout=high", "model.transformer.dropout"),
         ("tasks.darcy.pde=heat", "tasks.darcy.pde"),
         ("run.name=3", "run.name"),
     ],
@@ -335,9 +337,25 @@ def test_d_model_must_be_a_multiple_of_n_heads(minimal):
     with pytest.raises(ConfigError) as e:
         load_config(minimal, ["model.d_model=30", "model.n_heads=4"])
     msg = str(e.value)
-    assert "model.d_model (30)" in msg
-    assert "model.n_heads (4)" in msg
-    assert load_config(minimal, ["model.d_model=32", "model.n_heads=4"]).model.n_heads == 4
+    assert "model.transformer.d_model (30)" in msg
+    assert "model.transformer.n_heads (4)" in msg
+    assert load_config(minimal, ["model.d_model=32", "model.n_heads=4"]).model.transformer.n_heads == 4
+
+
+def test_the_transformers_old_keys_move_into_its_section(tmp_path, minimal):
+    """model.d_model and the other transformer keys of older configs, overrides and checkpoints still work."""
+    old = load_config(minimal, ["model.d_model=64", "model.dropout=0.1"])
+    assert (old.model.transformer.d_model, old.model.transformer.dropout) == (64, 0.1)
+    path = _write(tmp_path / "old.yaml", MINIMAL + "model:\n  n_layers: 2\n")
+    assert load_config(path).model.transformer.n_layers == 2
+    assert load_config(path, ["model.n_layers=3"]).model.transformer.n_layers == 3  # an override is later
+    both = _write(tmp_path / "both.yaml", MINIMAL + "model:\n  n_layers: 2\n  transformer:\n    n_layers: 3\n")
+    with pytest.raises(ConfigError, match=r"model.n_layers=2 and model.transformer.n_layers=3 disagree"):
+        load_config(both)
+    assert model_differences({CONFIG: {"model": {"name": "transformer", "d_model": 64}}},
+                             {"name": "transformer", "transformer": {"d_model": 32}}, {}) == [
+        "model.transformer.d_model (64 there, 32 here)"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["bad-name", "1task", "_hidden", "a.b"])
@@ -427,6 +445,7 @@ def test_settings_of_a_model_not_in_use_are_no_training_difference(minimal):
     ]
     assert training_differences(transformer, fno) == ["model.name"]
     assert model_keys_in_use("fno") == ("name", "fno")
+    assert model_keys_in_use("transformer") == ("name", "transformer")
     assert model_keys_in_use("my.pkg:build") == ("name", "args")
 
 
@@ -457,8 +476,8 @@ def test_training_differences_report_seed(minimal):
 def test_training_differences_report_training_keys(minimal):
     a = load_config(minimal)
     b = load_config(minimal, ["train.lr=2e-3", "tasks.adv.batch_size=4", "model.n_layers=2", "train.num_workers=2"])
-    assert training_differences(a, b) == ["model.n_layers", "tasks.adv.batch_size", "train.lr"]
-    assert training_differences(b, a) == ["model.n_layers", "tasks.adv.batch_size", "train.lr"]
+    assert training_differences(a, b) == ["model.transformer.n_layers", "tasks.adv.batch_size", "train.lr"]
+    assert training_differences(b, a) == ["model.transformer.n_layers", "tasks.adv.batch_size", "train.lr"]
     assert training_differences(a, a) == []
 
 
@@ -500,6 +519,7 @@ def test_every_field_is_documented():
         TaskConfig,
         WellConfig,
         ModelConfig,
+        TransformerConfig,
         FNOConfig,
         UNetConfig,
         TrainConfig,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from train.config import CompileConfig, ModelConfig
+from train.config import CompileConfig, TransformerConfig
 from train.data.dataset import EqualBatchSampler
 from train.distributed.env import DistEnv
 from train.engine.setup import (
@@ -114,7 +114,7 @@ def test_compile_captures_a_graph_of_the_multitask_model(dynamo):
     from train.engine.setup import compiled_graphs
 
     spec = TaskSpec(grid=(16,), in_channels=1, out_channels=1, patch_size=4, initial_step=2, autoregressive=True)
-    model = MultiTaskSurrogate({"adv": spec}, ModelConfig(d_model=16, n_heads=2, n_layers=1))
+    model = MultiTaskSurrogate({"adv": spec}, TransformerConfig(d_model=16, n_heads=2, n_layers=1))
     before = compiled_graphs()
     compiled = compile_model(model, CompileConfig(enabled=True), env(), backend="eager")
     x = {"adv": torch.randn(2, 2, 16, 1)}
@@ -129,7 +129,7 @@ def two_task_model():
         "dar": TaskSpec(grid=(8, 8), in_channels=1, out_channels=1, patch_size=4, initial_step=1, autoregressive=False),
     }
     torch.manual_seed(0)
-    model = MultiTaskSurrogate(specs, ModelConfig(d_model=16, n_heads=2, n_layers=1))
+    model = MultiTaskSurrogate(specs, TransformerConfig(d_model=16, n_heads=2, n_layers=1))
     batches = {"adv": torch.randn(2, 2, 16, 1), "dar": torch.randn(2, 8, 8, 1)}
     return model, batches
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from train.checkpoint import save_checkpoint
-from train.config import ModelConfig, TaskConfig
+from train.config import TaskConfig, TransformerConfig
 from train.data.cache import build_cache
 from train.data.dataset import LatentDataset, training_dataset
 from train.data.generate import generate
@@ -18,7 +18,7 @@ from train.model.latent import LatentInfo, build_latent_cache
 from train.model.multitask import MultiTaskSurrogate
 from train.model.specs import TaskSpec
 
-CFG = ModelConfig(d_model=16, n_heads=2, n_layers=1)
+CFG = TransformerConfig(d_model=16, n_heads=2, n_layers=1)
 KEY = "tasks.t.latent_encoder"
 
 
@@ -43,7 +43,7 @@ def checkpoint(tmp_path, specs, seed=0, d_model=CFG.d_model):
     state = {
         "model": model.state_dict(),
         "specs": {name: spec.as_dict() for name, spec in specs.items()},
-        "config": {"model": cfg.model_dump(mode="json")},
+        "config": {"model": {"transformer": cfg.model_dump(mode="json")}},
     }
     return save_checkpoint(tmp_path / f"ckpt{seed}", 1, state, keep=1), model
 
@@ -125,7 +125,7 @@ def test_encoder_of_another_task_shape_is_refused(tmp_path, caches, change, mess
 def test_encoder_of_another_width_is_refused(tmp_path, caches):
     _, infos, specs = caches
     path, _ = checkpoint(tmp_path, specs, d_model=32)
-    with pytest.raises(ConfigError, match=r"model\.d_model 32 there, 16 here"):
+    with pytest.raises(ConfigError, match=r"model\.transformer\.d_model 32 there, 16 here"):
         build_latent_cache("adv", infos["adv"], specs["adv"], CFG.d_model, path, KEY)
 
 

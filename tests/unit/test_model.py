@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.config import ModelConfig
+from train.config import TransformerConfig
 from train.model.multitask import MultiTaskSurrogate, check_specs, patchify, unpatchify
 from train.model.specs import TaskSpec
 
-CFG = ModelConfig(d_model=16, n_heads=2, n_layers=2, mlp_ratio=2)
+CFG = TransformerConfig(d_model=16, n_heads=2, n_layers=2, mlp_ratio=2)
 
 
 def specs():

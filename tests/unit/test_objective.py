@@ -8,7 +8,7 @@ import torch
 from train.config import FNOConfig, TrainConfig
 from train.engine.evaluate import rollout
 from train.engine.objective import Unroll, draw_steps, target_frames, unrolled_targets
-from train.model.factory import PerTask
+from train.model.builtin import PerTask
 from train.model.fno import FNO
 from train.model.specs import TaskData, TaskSpec
 

@@ -267,7 +267,7 @@ def test_the_remote_row_says_whether_the_remote_answers_and_what_it_holds(tmp_pa
         ["model.name=fno", "model.fno.width=32", "model.fno.modes=16"],
         ["model.name=unet"],
         ["model.name=unet", "model.unet.init_features=8"],
-        ["model.d_model=64", "model.n_layers=2"],
+        ["model.name=transformer", "model.transformer.d_model=64", "model.transformer.n_layers=2"],
     ],
 )
 def test_the_disk_estimate_of_a_checkpoint_follows_the_model_built(settings):

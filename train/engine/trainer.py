@@ -27,6 +27,7 @@ from train.checkpoint import (
     SCALER,
     SCHEDULER,
     SPECS,
+    TASK_CARDS,
     RunState,
     latest_checkpoint,
     load_model_state,
@@ -40,6 +41,7 @@ from train.distributed.collectives import all_reduce_sum, broadcast_from_main
 from train.distributed.env import DistEnv
 from train.distributed.shared_checkpoint import shared_checkpoint
 from train.engine.evaluate import validation_scores
+from train.engine.init_from import freeze, load_initial_weights
 from train.engine.loaders import (
     initial_model,
     predict,
@@ -63,7 +65,7 @@ from train.engine.setup import (
 )
 from train.engine.signals import StopRequest
 from train.engine.streams import EpochStreams, step_seed, task_draws
-from train.errors import ConfigError, Preempted
+from train.errors import ConfigError, DataError, Preempted
 from train.model.factory import check_outputs, factory_source, forward_failed
 from train.model.specs import TaskData
 from train.obs.monitor import DataWait, Progress, system_figures
@@ -90,6 +92,13 @@ class Trainer:
         self.names = [t.name for t in tasks]
         self.checkpoints = run.checkpoints
         self.model = initial_model(cfg, tasks, env.device)
+        if cfg.train.init_from is not None:  # a resume then loads this run's own checkpoint over them
+            weights_from = run.weights_from()
+            if weights_from is None:
+                raise DataError(f"train.init_from is set but {run.inputs} records no source checkpoint; launch with "
+                                "'python -m train fit' (or run), which resolves it")  # fmt: skip
+            load_initial_weights(self.model, cfg, weights_from)
+        freeze(self.model, cfg.train.freeze)
         for task in tasks:
             if task.latent is not None:  # before DDP, which then leaves the frozen encoder out of its buckets
                 self.model.freeze_encoder(task.name, task.latent.encoder_state())
@@ -154,6 +163,7 @@ class Trainer:
             PROGRESS: asdict(self.state),
             CONFIG: self.cfg.model_dump(mode="json"),
             SPECS: {t.name: t.spec.as_dict() for t in self.tasks},
+            TASK_CARDS: {t.name: t.card() for t in self.tasks},
             **({MODEL_SOURCE: self.model_source} if self.model_source else {}),
         }
 

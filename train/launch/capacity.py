@@ -11,6 +11,8 @@ from pathlib import Path
 
 from train.config import Config
 from train.data.cache import CacheInfo
+from train.model.builtin import MODELS, parameter_count
+from train.model.specs import TaskSpec
 from train.pdes import LAYOUTS
 
 MiB = 1 << 20
@@ -57,22 +59,37 @@ def _existing(path: Path) -> Path:
     return path
 
 
+ASSUMED_POINTS = 128
+"""Grid points per axis assumed for a task whose data is not read yet (not generated here); only the
+transformer's position embeddings and the FNO's mode limit depend on it."""
+ASSUMED_WELL_CHANNELS = 4
+
+
+def assumed_specs(cfg: Config) -> dict[str, TaskSpec]:
+    """Each task's shapes as far as the config tells before any data is read: a generated task's grid is its
+    resolution, any other's ASSUMED_POINTS per axis (rounded up to its patch size)."""
+    specs = {}
+    for name, task in cfg.tasks.items():
+        layout = LAYOUTS[task.pde]
+        dims = layout.spatial_dims or 2  # a Well dataset's dimensions are in its files: assume 2D
+        points = task.resolution if task.source == "generate" else ASSUMED_POINTS
+        n = -(-len(range(0, points, task.spatial_stride)) // task.patch_size) * task.patch_size
+        if layout.style == "well":
+            c_in = c_out = ASSUMED_WELL_CHANNELS
+        elif layout.style == "groups":
+            c_in = c_out = layout.channels or 1
+        else:
+            c_in, c_out = len(layout.inputs), len(layout.targets)
+        specs[name] = TaskSpec((n,) * dims, c_in, c_out, task.patch_size, task.initial_step, layout.autoregressive)
+    return specs
+
+
 def parameter_estimate(cfg: Config) -> int:
-    """The model's parameter count, estimated before any data is read (the grids are not known yet); 0 for a
-    factory of your own, whose size nothing tells before it is built."""
-    m = cfg.model
-    if m.name == "transformer":  # the shared processor, and a fifth more for the task encoders and decoders
-        return int(m.n_layers * (4 + 2 * m.mlp_ratio) * m.d_model**2 * 1.2)
-    total = 0
-    for task in cfg.tasks.values():
-        dims = LAYOUTS[task.pde].spatial_dims or 2  # a Well dataset's dimensions are in its files: guess 2D
-        if m.name == "fno":  # spectral weights (2 blocks of modes in 2D, 4 in 3D) dominate; lifting, projection
-            f = m.fno
-            spectral = 2 ** (dims - 1) * f.width**2 * f.modes**dims * 2
-            total += f.layers * (spectral + f.width**2 + f.width) + (task.initial_step * 4 + dims) * f.width + 130 * 128
-        elif m.name == "unet":  # 2.7 M weights in 1D at 32 features, three times the kernel taps per extra axis
-            total += int(2.7e6 * 3 ** (dims - 1) * (m.unet.init_features / 32) ** 2)
-    return total
+    """The model's parameter count before any data is read, built on the meta device from :func:`assumed_specs`;
+    0 for a factory of your own, whose size nothing tells before it is built."""
+    if cfg.model.name not in MODELS:
+        return 0
+    return parameter_count(assumed_specs(cfg), cfg.model)
 
 
 def checkpoint_bytes(cfg: Config) -> int:

@@ -21,23 +21,10 @@ from torch import nn
 
 from train.config import ModelConfig
 from train.errors import ConfigError
-from train.model.fno import FNO
-from train.model.multitask import MultiTaskSurrogate
+from train.model.builtin import MODELS, build_builtin
 from train.model.specs import TaskSpec
-from train.model.unet import UNet
 
 Factory = Callable[..., nn.Module]
-
-
-class PerTask(nn.Module):
-    """One network per task (the built-in FNO and U-Net share nothing between tasks)."""
-
-    def __init__(self, networks: dict[str, nn.Module]):
-        super().__init__()
-        self.networks = nn.ModuleDict(networks)
-
-    def forward(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {name: self.networks[name](x) for name, x in inputs.items()}
 
 
 def _import_file(path: Path, key: str) -> object:
@@ -82,7 +69,7 @@ def factory_source(name: str) -> dict[str, str] | None:
     """The file that defines a user factory and its SHA-256 (None for a built-in model, or a module without a
     file): recorded in each checkpoint, so that resuming with an edited model is a choice, not an accident."""
     where = name.rpartition(":")[0]
-    if name in ("transformer", "fno", "unet") or not where:
+    if name in MODELS or not where:
         return None
     if where.endswith(".py"):
         path = Path(where)
@@ -105,12 +92,8 @@ def forward_failed(model_name: str, error: Exception, shapes: Mapping[str, tuple
 
 def build_model(specs: Mapping[str, TaskSpec], cfg: ModelConfig) -> nn.Module:
     """A freshly initialised model for these tasks (initialised from torch's default generator)."""
-    if cfg.name == "transformer":
-        return MultiTaskSurrogate(dict(specs), cfg)
-    if cfg.name == "fno":
-        return PerTask({name: FNO(spec, cfg.fno) for name, spec in specs.items()})
-    if cfg.name == "unet":
-        return PerTask({name: UNet(spec, cfg.unet) for name, spec in specs.items()})
+    if cfg.name in MODELS:
+        return build_builtin(specs, cfg)
     factory = resolve_factory(cfg.name)
     try:
         model = factory(dict(specs), **cfg.args)

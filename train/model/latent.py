@@ -19,6 +19,7 @@ import torch
 
 from train.atomic import atomic_dir, write_json_atomic
 from train.checkpoint import CONFIG, MODEL, SPECS
+from train.config import migrate_model_keys
 from train.data.cache import CacheInfo, mapped_array
 from train.data.checksum import hash_file
 from train.data.dataset import LATENT_FORMAT, MANIFEST, TOKENS, LatentInfo, training_dataset
@@ -59,13 +60,13 @@ def frozen_encoder(checkpoint: Path, name: str, spec: TaskSpec, d_model: int, ke
         for field in ours.__dataclass_fields__
         if getattr(theirs, field) != getattr(ours, field)
     ]
-    their_width = state.get(CONFIG, {}).get("model", {}).get("d_model")
+    their_width = migrate_model_keys(state.get(CONFIG, {}).get("model", {})).get("transformer", {}).get("d_model")
     if their_width != d_model:
-        differences.append(f"model.d_model {their_width} there, {d_model} here")
+        differences.append(f"model.transformer.d_model {their_width} there, {d_model} here")
     if differences:
         raise ConfigError(
             f"{key}: the encoder in '{checkpoint}' does not fit this run ({'; '.join(differences)}); "
-            f"match the task's data settings and model.d_model to that run, or name another checkpoint"
+            f"match the task's data settings and model.transformer.d_model to that run, or name another checkpoint"
         )
     return {k: weights[f"codecs.{name}.{k}"] for k in ENCODER_KEYS}
 

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from train.config import ModelConfig
+from train.config import TransformerConfig
 from train.model.specs import TaskSpec
 
 
@@ -71,7 +71,7 @@ class TaskCodec(nn.Module):
 
 
 class MultiTaskSurrogate(nn.Module):
-    def __init__(self, specs: dict[str, TaskSpec], cfg: ModelConfig):
+    def __init__(self, specs: dict[str, TaskSpec], cfg: TransformerConfig):
         super().__init__()
         self.codecs = nn.ModuleDict({name: TaskCodec(spec, cfg.d_model) for name, spec in specs.items()})
         layer = nn.TransformerEncoderLayer(

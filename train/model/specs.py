@@ -85,6 +85,22 @@ class TaskData:
         traj = self.info.trajectories(split, index)[:, :: self.spec.frame_stride]
         return torch.from_numpy(np.ascontiguousarray(traj))
 
+    def card(self) -> dict:
+        """What using the model on this task needs beyond its shapes (a checkpoint's TASK_CARDS entry)."""
+        info = self.info
+        return {
+            "pde": info.pde,
+            "channels": list(info.channels),
+            "n_frames": info.n_frames,
+            "input_mean": list(info.input_mean),
+            "input_std": list(info.input_std),
+            "target_mean": list(info.target_mean),
+            "target_std": list(info.target_std),
+            "const_mean": list(info.const_mean),
+            "const_std": list(info.const_std),
+            "statistics": info.statistics,
+        }
+
     def denormalise_target(self, x: torch.Tensor) -> torch.Tensor:
         mean = torch.tensor(self.info.target_mean, dtype=x.dtype, device=x.device)
         std = torch.tensor(self.info.target_std, dtype=x.dtype, device=x.device)

@@ -63,7 +63,8 @@ def write_report(
             + ([GROWTH_PNG] if name in rollouts else [])
             + ([field_png(name)] if made else [])
         )
-    markdown = _markdown(run_dir, results, checkpoint, data, warnings, split, loss, growth, task_plots)
+    weights_from = next((p["weights_from"] for p in provenance.values() if "weights_from" in p), None)
+    markdown = _markdown(run_dir, results, checkpoint, data, warnings, split, loss, growth, task_plots, weights_from)
     write_text_atomic(report / run_files.SUMMARY_MD, markdown)
     # summary.json last: report_is_current takes its time as the report's.
     summary = {
@@ -142,8 +143,24 @@ def _fmt(value) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4g}"
 
 
+def _fine_tuned(weights_from: dict | None) -> list[str]:
+    if not weights_from:
+        return []
+    source, path, sha = weights_from["source"], weights_from["checkpoint"], weights_from["sha256"][:16]
+    return [f"Fine-tuned: the initial weights came from `{source}` (`{path}`, SHA-256 {sha}).", ""]
+
+
 def _markdown(
-    run_dir, results, checkpoint, data, warnings, split, loss: bool, growth: bool, task_plots: dict[str, list[str]]
+    run_dir,
+    results,
+    checkpoint,
+    data,
+    warnings,
+    split,
+    loss: bool,
+    growth: bool,
+    task_plots: dict[str, list[str]],
+    weights_from: dict | None = None,
 ) -> str:
     lines = [
         f"# Run `{run_dir.name}`: {split} metrics",
@@ -155,6 +172,7 @@ def _markdown(
         "has no such modes). Baselines: repeat the last input frame (time-dependent tasks), the training set's",
         "mean field (steady tasks).",
         "",
+        *_fine_tuned(weights_from),
         "| task | | " + " | ".join(HEADINGS.values()) + " | samples |",
         "|---|---|" + "---|" * (len(HEADINGS) + 1),
     ]

@@ -24,7 +24,7 @@ from train.run_dir import RunDir
 log = logging.getLogger(__name__)
 
 
-def _fetch(remote: Remote, name: str, dest: Path, sha1: str | None) -> None:
+def fetch_verified(remote: Remote, name: str, dest: Path, sha1: str | None) -> None:
     """``name`` into ``dest`` (atomically) when its bytes have SHA1 ``sha1`` (None: the remote's own, if known)."""
     if sha1 is None and (stat := remote.stat(name)) is not None:
         sha1 = stat.sha1
@@ -42,7 +42,7 @@ def check_remote_config(cfg: Config, remote: Remote) -> None:
         return
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / run_files.CONFIG
-        _fetch(remote, run_files.CONFIG, path, None)
+        fetch_verified(remote, run_files.CONFIG, path, None)
         differences = training_differences(load_config(path), cfg)
     if differences:
         raise ConfigError(
@@ -73,7 +73,7 @@ def restore_run(cfg: Config, run: RunDir, remote: Remote) -> str | None:
     for entry in kept:  # newest first
         name = entry.get("name", "")
         try:
-            _fetch(remote, f"checkpoints/{name}", run.checkpoints / name, entry.get("sha1"))
+            fetch_verified(remote, f"checkpoints/{name}", run.checkpoints / name, entry.get("sha1"))
         except DataError as e:
             log.error("remote: %s is not used (%s); trying the one before it", name, e)
             continue
@@ -88,13 +88,13 @@ def restore_run(cfg: Config, run: RunDir, remote: Remote) -> str | None:
     best = pointer.get("best")
     if best and belongs_to(best, identity):
         try:
-            _fetch(remote, f"checkpoints/{BEST}", run.checkpoints / BEST, best.get("sha1"))
+            fetch_verified(remote, f"checkpoints/{BEST}", run.checkpoints / BEST, best.get("sha1"))
         except DataError as e:
             log.warning("remote: best.pt is not used (%s); validation chooses a new best from here", e)
     for name in (run_files.METRICS, *RUN_FILES):
         if not (run.root / name).exists() and remote.stat(name) is not None:
             try:
-                _fetch(remote, name, run.root / name, None)
+                fetch_verified(remote, name, run.root / name, None)
             except DataError as e:
                 log.warning("remote: %s not fetched (%s)", name, e)
     log.info("remote: resuming from %s, fetched from %s (the run folder held no checkpoint)", chosen, remote.url)

@@ -1,0 +1,210 @@
+"""Using a trained model without training one: the model table, the real-arithmetic spectral layer, loading
+checkpoints with Surrogate, fine-tuning's weight matching and freezing, and export of every built-in model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from train.checkpoint import CONFIG, MODEL, SPECS, TASK_CARDS, save_best
+from train.config import BUILT_IN_MODELS, Config, FNOConfig, ModelConfig, TaskConfig
+from train.errors import ConfigError, DataError
+from train.model.builtin import MODELS, parameter_count
+from train.model.factory import build_model
+from train.model.fno import SpectralConv
+from train.model.specs import TaskSpec
+from train.use.spectral_real import RealSpectralConv
+
+ADV = TaskSpec((32,), 1, 1, 4, 3, True)
+DARCY = TaskSpec((16, 16), 1, 1, 4, 1, False)
+SMALL = {
+    "transformer": {"transformer": {"d_model": 16, "n_heads": 2, "n_layers": 1}},
+    "fno": {"fno": {"modes": 6, "width": 8, "layers": 2}},
+    "unet": {"unet": {"init_features": 4}},
+}
+
+
+def model_config(name: str) -> ModelConfig:
+    return ModelConfig.model_validate({"name": name, **SMALL[name]})
+
+
+# ------------------------------------------------------------------------------------------- the table
+def test_the_table_holds_every_built_in_model_with_its_settings_section():
+    assert tuple(MODELS) == BUILT_IN_MODELS
+    for name, entry in MODELS.items():
+        assert ModelConfig.model_fields[name].annotation is entry.settings, name
+
+
+@pytest.mark.parametrize("name", BUILT_IN_MODELS)
+def test_the_meta_device_count_is_the_built_models(name):
+    specs = {"adv": ADV, "darcy": DARCY}
+    cfg = model_config(name)
+    real = sum(p.numel() for p in build_model(specs, cfg).parameters())
+    assert parameter_count(specs, cfg) == real > 0
+
+
+# ----------------------------------------------------------------------------------- spectral layers
+@pytest.mark.parametrize(
+    ("sizes", "modes"),
+    [((64,), (8,)), ((33,), (17,)), ((18, 20), (6, 11)), ((18, 20), (9, 11)), ((10, 12, 9), (4, 5, 5))],
+)
+def test_the_real_spectral_layer_equals_the_complex_one(sizes, modes):
+    """Odd and even sizes, the Nyquist mode of the last axis kept (20 // 2 + 1 = 11), all corners in 3D."""
+    torch.manual_seed(0)
+    conv = SpectralConv(5, modes)
+    conv.weights.data = torch.randn_like(conv.weights)
+    x = torch.randn(3, 5, *sizes)
+    with torch.no_grad():
+        want, got = conv(x), RealSpectralConv(conv, sizes)(x)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+# ---------------------------------------------------------------------------------------- checkpoints
+def _checkpoint(tmp_path, name: str, specs: dict[str, TaskSpec], cards: bool = True, seed: int = 0):
+    """A checkpoint as the trainer writes one (model, config, specs, task cards) for a random model."""
+    tasks = {
+        "adv": TaskConfig(pde="advection1d", initial_step=ADV.initial_step, patch_size=4),
+        "darcy": TaskConfig(pde="darcy2d", patch_size=4),
+    }
+    cfg = Config(tasks={k: v for k, v in tasks.items() if k in specs}, model=model_config(name))
+    torch.manual_seed(seed)
+    model = build_model(specs, cfg.model)
+    card = {"channels": [], "n_frames": 8, "const_mean": [], "const_std": [], "statistics": "train split"}
+    state = {
+        MODEL: model.state_dict(),
+        CONFIG: cfg.model_dump(mode="json"),
+        SPECS: {n: s.as_dict() for n, s in specs.items()},
+    }
+    if cards:
+        state[TASK_CARDS] = {
+            n: {**card, "pde": cfg.tasks[n].pde, "input_mean": [0.5], "input_std": [2.0], "target_mean": [0.5],
+                "target_std": [2.0]}
+            for n in specs
+        }  # fmt: skip
+    folder = tmp_path / f"{name}-{seed}-{'-'.join(specs)}"
+    folder.mkdir()
+    return save_best(folder, state), model, cfg
+
+
+def test_a_surrogate_predicts_in_physical_units_numpy_or_torch(tmp_path):
+    from train.use.surrogate import Surrogate
+
+    path, model, _ = _checkpoint(tmp_path, "fno", {"adv": ADV, "darcy": DARCY})
+    s = Surrogate.load(path)
+    x = np.random.default_rng(0).normal(size=(5, 3, 32, 1)).astype(np.float32)
+    with torch.no_grad():
+        want = model.eval()({"adv": torch.from_numpy((x - 0.5) / 2)})["adv"] * 2 + 0.5
+    got = s.predict("adv", x, batch_size=2)
+    assert isinstance(got, np.ndarray) and got.shape == (5, 32, 1)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+    as_torch = s.predict("adv", torch.from_numpy(x))
+    assert isinstance(as_torch, torch.Tensor) and torch.allclose(as_torch, want, atol=1e-6)
+    frames = s.rollout("adv", x, steps=4)
+    assert frames.shape == (5, 4, 32, 1)
+    np.testing.assert_allclose(frames[:, 0], got, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match=r"takes \('batch', 3, 32, 1\)"):
+        s.predict("adv", x[:, :2])
+    with pytest.raises(ConfigError, match="trained on adv, darcy"):
+        s.predict("burgers", x)
+    with pytest.raises(ConfigError, match="steady"):
+        s.rollout("darcy", np.zeros((1, 16, 16, 1), np.float32), 2)
+
+
+def test_a_checkpoint_without_its_statistics_says_what_is_missing(tmp_path):
+    from train.use.surrogate import Surrogate
+
+    path, _, _ = _checkpoint(tmp_path, "unet", {"adv": ADV}, cards=False)
+    with pytest.raises(DataError, match=r"does not carry the normalisation statistics of task 'adv'.*run folder"):
+        Surrogate.load(path)
+    with pytest.raises(DataError, match="no such run folder or checkpoint file"):
+        Surrogate.load(tmp_path / "nowhere")
+
+
+# ---------------------------------------------------------------------------------------- fine-tuning
+def _record(path) -> dict:
+    from train.engine.init_from import sha256_of
+
+    return {"source": str(path), "checkpoint": str(path), "sha256": sha256_of(path)}
+
+
+def test_init_from_loads_matching_weights_and_starts_new_tasks_fresh(tmp_path):
+    from train.engine.init_from import load_initial_weights
+
+    path, source, _ = _checkpoint(tmp_path, "transformer", {"adv": ADV})
+    _, target, cfg = _checkpoint(tmp_path, "transformer", {"adv": ADV, "darcy": DARCY}, seed=1)
+    fresh = {k: v.clone() for k, v in target.state_dict().items() if k.startswith("codecs.darcy.")}
+    done = load_initial_weights(target, cfg, _record(path))
+    assert done["fresh_tasks"] == ["darcy"] and done["loaded"] == len(source.state_dict())
+    for key, value in target.state_dict().items():
+        expected = fresh[key] if key.startswith("codecs.darcy.") else source.state_dict()[key]
+        assert torch.equal(value, expected), key
+
+
+def test_init_from_names_a_parameter_whose_shape_differs_and_another_architecture(tmp_path):
+    from train.engine.init_from import load_initial_weights
+
+    path, _, _ = _checkpoint(tmp_path, "fno", {"adv": ADV})
+    _, target, cfg = _checkpoint(tmp_path, "fno", {"adv": TaskSpec((32,), 1, 1, 4, 5, True)}, seed=1)
+    with pytest.raises(ConfigError, match=r"networks\.adv\.lift\.weight: \(8, 4\) there, \(8, 6\) here"):
+        load_initial_weights(target, cfg, _record(path))
+    _, unet, unet_cfg = _checkpoint(tmp_path, "unet", {"adv": ADV})
+    with pytest.raises(ConfigError, match=r"holds a model\.name=fno model; this run builds model\.name=unet"):
+        load_initial_weights(unet, unet_cfg, _record(path))
+
+
+def test_freeze_fixes_what_its_prefixes_name_and_refuses_a_prefix_that_names_nothing():
+    from train.engine.init_from import freeze
+
+    model = build_model({"adv": ADV, "darcy": DARCY}, ModelConfig(name="fno", fno=FNOConfig(modes=4, width=4)))
+    frozen = freeze(model, ["networks.adv."])
+    assert frozen == sum(p.numel() for n, p in model.named_parameters() if n.startswith("networks.adv."))
+    assert all(p.requires_grad == n.startswith("networks.darcy.") for n, p in model.named_parameters())
+    with pytest.raises(ConfigError, match=r"'codecs\.' matches no parameter.*start with networks"):
+        freeze(model, ["codecs."])
+    with pytest.raises(ConfigError, match="freezes every parameter"):
+        freeze(model, ["networks."])
+
+
+# --------------------------------------------------------------------------------------------- export
+@pytest.mark.parametrize("name", BUILT_IN_MODELS)
+def test_every_built_in_model_exports_to_torchscript_and_onnx(tmp_path, name):
+    from train.use.export import export_run
+
+    path, _, _ = _checkpoint(tmp_path, name, {"adv": ADV, "darcy": DARCY})
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is a test dependency ('.[dev]')")
+    from train.use.surrogate import Surrogate
+
+    surrogate = Surrogate.load(path)
+    for fmt in ("torchscript", "onnx"):
+        files = export_run(path, fmt, tmp_path / fmt)
+        assert sorted(p.name for p in files) == sorted(f"{t}.{'pt' if fmt == 'torchscript' else 'onnx'}" for t in
+                                                       ("adv", "darcy"))  # fmt: skip
+    for task in ("adv", "darcy"):
+        card = surrogate.tasks[task]
+        x = np.random.default_rng(1).normal(size=card.input_shape(4)).astype(np.float32)
+        want = surrogate.predict(task, x)
+        scripted = torch.jit.load(str(tmp_path / "torchscript" / f"{task}.pt"))
+        np.testing.assert_allclose(scripted(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-4, atol=1e-5)
+        session = ort.InferenceSession(str(tmp_path / "onnx" / f"{task}.onnx"), providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(session.run(None, {"inputs": x})[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_an_export_that_would_be_wrong_is_refused_and_leaves_no_file(tmp_path, monkeypatch):
+    from train.use import export
+
+    path, _, _ = _checkpoint(tmp_path, "fno", {"adv": ADV})
+    # A spectral layer whose real version drops a mode: the graph no longer equals the model.
+    real = export.with_real_spectra
+
+    def broken(model):
+        real(model)
+        for module in model.modules():
+            if hasattr(module, "w_re"):
+                module.w_re[..., -1] = 0
+                module.w_im[..., -1] = 0
+
+    monkeypatch.setattr(export, "with_real_spectra", broken)
+    with pytest.raises(export.ExportError, match="differs from the PyTorch model"):
+        export.export_run(path, "torchscript", tmp_path / "out")
+    assert not list((tmp_path / "out").glob("*"))

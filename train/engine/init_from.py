@@ -1,0 +1,123 @@
+"""Fine-tuning: a new run that starts from another run's weights (``train.init_from``), parts of it fixed
+(``train.freeze``).
+
+The launcher resolves the source once (a checkpoint file, a run folder's best checkpoint, or a remote run's,
+fetched) and records it in inputs.json; every rank loads the same file before DDP wraps the model. Only the
+weights come across: the optimizer, the schedule, the data and the step count are the new run's own. A run
+that has checkpoints of its own resumes from them, never from the source again.
+
+Matching is by parameter name. A parameter under the name of a task the source was not trained on (the
+transformer's ``codecs.<task>.*``, the FNO's and U-Net's ``networks.<task>.*``, a user model's ModuleDict by
+task) starts fresh; the source's parameters of tasks this run leaves out are dropped. Any other parameter must
+be in the source with the same shape: a mismatch names the parameter and both shapes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+from torch import nn
+
+from train.checkpoint import CONFIG, MODEL, SPECS, load_checkpoint
+from train.config import Config
+from train.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def resolve_initial_weights(cfg: Config, b2_api=None) -> dict | None:
+    """The launcher's part: the checkpoint ``train.init_from`` names, as a record for inputs.json (its source,
+    the local file and its SHA-256); None without init_from."""
+    source = cfg.train.init_from
+    if source is None:
+        return None
+    from train.use.surrogate import resolve_checkpoint
+
+    try:
+        path = resolve_checkpoint(source, "best", b2_api)
+    except DataError as e:  # said as the setting that asked for it
+        raise ConfigError(f"train.init_from={source}: {e}") from None
+    return {"source": str(source), "checkpoint": str(Path(path).resolve()), "sha256": sha256_of(Path(path))}
+
+
+def _task_of(key: str, tasks: set[str]) -> str | None:
+    return next((part for part in key.split(".") if part in tasks), None)
+
+
+def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
+    """Every rank: the source's weights into ``model`` (its fresh initialisation stays where a task is new).
+    Returns what was done: parameters loaded, tasks started fresh, tasks dropped."""
+    path, where = Path(record["checkpoint"]), f"train.init_from={record['source']}"
+    saved = load_checkpoint(path)
+    theirs = saved.get(CONFIG, {}).get("model", {}).get("name")
+    if theirs != cfg.model.name:
+        raise ConfigError(
+            f"{where}: {path} holds a model.name={theirs} model; this run builds model.name={cfg.model.name}. "
+            "Fine-tune with the source's architecture (model.name and its settings)"
+        )
+    if record.get("sha256") and sha256_of(path) != record["sha256"]:
+        raise ConfigError(f"{where}: {path} changed since the launcher chose it; re-run the command")
+    state, ours = saved[MODEL], model.state_dict()
+    source_tasks, our_tasks = set(saved.get(SPECS, {})), set(cfg.tasks)
+    new_tasks, dropped = our_tasks - source_tasks, source_tasks - our_tasks
+    problems, load, fresh = [], {}, set()
+    for key, value in ours.items():
+        if key in state and tuple(state[key].shape) == tuple(value.shape):
+            load[key] = state[key]
+        elif key in state:
+            problems.append(f"{key}: {tuple(state[key].shape)} there, {tuple(value.shape)} here")
+        elif (task := _task_of(key, new_tasks)) is not None:
+            fresh.add(task)
+        else:
+            problems.append(f"{key}: not in the source")
+    if problems:
+        raise ConfigError(
+            f"{where}: the weights do not fit this run's model ({len(problems)} parameter(s)): "
+            + "; ".join(problems[:8])
+            + (" ..." if len(problems) > 8 else "")
+            + ". Match model.* and the tasks' shapes (patch_size, initial_step, strides, channels) to the source"
+        )
+    unused = [k for k in state if k not in ours and _task_of(k, dropped) is None]
+    if unused:
+        raise ConfigError(f"{where}: the source has parameters this model lacks: {', '.join(unused[:8])}; match "
+                          "model.* to the source")  # fmt: skip
+    model.load_state_dict(load, strict=False)
+    log.info(
+        "initial weights from %s: %d tensors loaded%s%s", path, len(load),
+        f"; fresh heads for {', '.join(sorted(fresh))}" if fresh else "",
+        f"; the source's {', '.join(sorted(dropped))} left out" if dropped else "",
+    )  # fmt: skip
+    return {**record, "loaded": len(load), "fresh_tasks": sorted(fresh), "dropped_tasks": sorted(dropped)}
+
+
+def freeze(model: nn.Module, prefixes: list[str]) -> int:
+    """Keep the parameters whose names start with any of ``prefixes`` fixed; returns how many were frozen."""
+    names = [name for name, _ in model.named_parameters()]
+    for prefix in prefixes:
+        if not any(name.startswith(prefix) for name in names):
+            tops = sorted({name.split(".")[0] for name in names})
+            raise ConfigError(
+                f"train.freeze: {prefix!r} matches no parameter of the model (its parameters start with "
+                f"{', '.join(tops)}; e.g. {names[0]})"
+            )
+    frozen = 0
+    for name, p in model.named_parameters():
+        if name.startswith(tuple(prefixes)):
+            p.requires_grad_(False)
+            frozen += p.numel()
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"train.freeze={prefixes} freezes every parameter: nothing would be trained")
+    if prefixes:
+        total = sum(p.numel() for p in model.parameters())
+        log.info("train.freeze: %d of %d parameters fixed (%s)", frozen, total, ", ".join(prefixes))
+    return frozen

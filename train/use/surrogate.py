@@ -1,0 +1,289 @@
+"""A trained surrogate in a script: ``Surrogate.load(run | checkpoint | remote)``, then ``predict`` one step or
+``rollout`` many, in physical units.
+
+A checkpoint describes itself (train.checkpoint: CONFIG, SPECS, TASK_CARDS): the model's name and settings,
+each task's shapes and the statistics that normalise its inputs and targets. Loading needs neither the data,
+nor the cache, nor the config file. Inputs are normalised, the model runs under ``torch.no_grad`` in the
+precision the run trained in, and its outputs are turned back into physical units: numpy in, numpy out; torch
+in, torch out (on the input's device).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from train.checkpoint import (
+    BEST,
+    CONFIG,
+    MODEL,
+    MODEL_SOURCE,
+    SPEC_DEFAULTS,
+    SPECS,
+    TASK_CARDS,
+    checkpoint_for_evaluation,
+    latest_checkpoint,
+    load_checkpoint,
+    load_model_state,
+)
+from train.config import ModelConfig, TrainConfig, migrate_model_keys
+from train.engine.objective import advance
+from train.engine.setup import resolve_precision
+from train.errors import ConfigError, DataError, TrainError
+from train.model.factory import build_model, factory_source
+from train.model.specs import TaskSpec
+
+log = logging.getLogger(__name__)
+
+Array = TypeVar("Array", np.ndarray, torch.Tensor)
+
+
+@dataclass(frozen=True)
+class TaskCard:
+    """One task as a trained model knows it: its shapes (``spec``) and how its values are normalised."""
+
+    name: str
+    spec: TaskSpec
+    pde: str
+    channels: tuple[str, ...]
+    """Channel names where the data names them (The Well), else ()."""
+    n_frames: int
+    """Frames of a trajectory in the training data (after the temporal stride)."""
+    input_mean: np.ndarray
+    input_std: np.ndarray
+    """Per input channel, constant channels included (a Well task's constant fields follow the others)."""
+    target_mean: np.ndarray
+    target_std: np.ndarray
+    settings: dict
+    """The task's section of the training config (strides, initial_step, ...), as data."""
+
+    @classmethod
+    def from_checkpoint(cls, name: str, saved: dict, path: Path) -> TaskCard:
+        cards = saved.get(TASK_CARDS)
+        if not cards or name not in cards:
+            raise DataError(
+                f"checkpoint {path} does not carry the normalisation statistics of task '{name}' (it was written "
+                "before checkpoints described themselves). Load it from its run folder instead, whose caches "
+                "hold them: Surrogate.load('runs/<name>', checkpoint=...)"
+            )
+        card = cards[name]
+        spec = TaskSpec(**{**SPEC_DEFAULTS, **saved[SPECS][name]})
+        spec = TaskSpec(**{**spec.as_dict(), "grid": tuple(spec.grid), "boundary": _tuples(spec.boundary)})
+        return cls(
+            name=name,
+            spec=spec,
+            pde=card["pde"],
+            channels=tuple(card["channels"]),
+            n_frames=int(card["n_frames"]),
+            input_mean=np.asarray([*card["input_mean"], *card["const_mean"]], np.float32),
+            input_std=np.asarray([*card["input_std"], *card["const_std"]], np.float32),
+            target_mean=np.asarray(card["target_mean"], np.float32),
+            target_std=np.asarray(card["target_std"], np.float32),
+            settings=saved[CONFIG]["tasks"][name],
+        )
+
+    def input_shape(self, batch: int | str = "batch") -> tuple:
+        """What ``predict`` and ``rollout`` take: (batch, initial_step, *grid, in_channels), or (batch, *grid,
+        in_channels) for a steady task."""
+        frames = (self.spec.initial_step,) if self.spec.autoregressive else ()
+        return (batch, *frames, *self.spec.grid, self.spec.in_channels)
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+class Surrogate:
+    """A trained model and its tasks, ready to predict. Build it with :meth:`load`."""
+
+    def __init__(self, model: nn.Module, tasks: dict[str, TaskCard], config: dict, checkpoint: Path, device, precision):
+        self.model = model.eval()
+        self.tasks = tasks
+        self.config = config
+        """The run's resolved config, as data."""
+        self.checkpoint = checkpoint
+        self.device = torch.device(device)
+        self.precision = precision
+        """The autocast dtype of the run's train.precision on this device (None: float32)."""
+
+    # -- loading ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        source: str | Path,
+        checkpoint: str | Path = "best",
+        device: str | torch.device = "cpu",
+        precision: str | None = None,
+        factory: str | None = None,
+        b2_api=None,
+    ) -> Surrogate:
+        """A run folder (its ``checkpoints/best.pt``, else its newest step checkpoint), a checkpoint file, or a
+        run's remote copy ``b2://bucket/prefix/<run name>`` (the verified checkpoint it lists, fetched once).
+
+        ``checkpoint``: 'best', 'latest' or a path, for a run folder. ``precision``: fp32, bf16 or fp16; default
+        the run's own train.precision (auto: bf16 on GPUs that have it, fp32 on CPU). ``factory``: where a model
+        of your own now lives ('module:function' or 'file.py:function'), when it moved since training."""
+        path = resolve_checkpoint(source, checkpoint, b2_api)
+        saved = load_checkpoint(path)
+        for key in (CONFIG, SPECS, MODEL):
+            if key not in saved:
+                raise DataError(f"{path} is not a training checkpoint of this package (it has no '{key}')")
+        model_cfg = _model_config(saved, path, factory)
+        run_folder = path.parent.parent
+        if TASK_CARDS not in saved and path.parent.name == "checkpoints" and (run_folder / "inputs.json").is_file():
+            saved[TASK_CARDS] = _cards_of_run(run_folder, path)
+        tasks = {name: TaskCard.from_checkpoint(name, saved, path) for name in saved[SPECS]}
+        model = build_model({name: card.spec for name, card in tasks.items()}, model_cfg)
+        _check_source(model_cfg.name, saved.get(MODEL_SOURCE), path)
+        load_model_state(model, saved[MODEL], path)
+        device = torch.device(device)
+        requested = precision or saved[CONFIG].get("train", {}).get("precision", TrainConfig().precision)
+        resolved = resolve_precision(requested, device)
+        log.info("loaded %s (model %s, tasks %s) on %s", path, model_cfg.name, ", ".join(tasks), device)
+        return cls(model.to(device), tasks, saved[CONFIG], path, device, resolved)
+
+    # -- using -----------------------------------------------------------------------------------------------
+
+    def task(self, name: str | None = None) -> TaskCard:
+        """Task ``name``; None: the only one (an error naming them when there are several)."""
+        if name is None and len(self.tasks) == 1:
+            return next(iter(self.tasks.values()))
+        if name not in self.tasks:
+            raise ConfigError(f"task {name!r}: this model was trained on {', '.join(self.tasks)}; name one of them")
+        return self.tasks[name]
+
+    def predict(self, task: str | None, inputs: Array, batch_size: int = 64) -> Array:
+        """One step: the next frame after each input window (batch, initial_step, *grid, in_channels), or a
+        steady task's solution of (batch, *grid, in_channels); returns (batch, *grid, out_channels)."""
+        card = self.task(task)
+        return self._batched(card, inputs, batch_size, lambda x: self._step(card, x))
+
+    def rollout(self, task: str | None, initial: Array, steps: int, batch_size: int = 64) -> Array:
+        """``steps`` frames predicted one after another from each initial window (batch, initial_step, *grid,
+        in_channels), each fed back as the newest input frame; returns (batch, steps, *grid, out_channels).
+        A Well task's constant channels ride along from the initial window."""
+        card = self.task(task)
+        if not card.spec.autoregressive:
+            raise ConfigError(f"task {card.name} is steady (no time axis): use predict, not rollout")
+        if steps < 1:
+            raise ConfigError(f"steps={steps}: a rollout predicts at least one frame")
+        return self._batched(card, initial, batch_size, lambda x: self._roll(card, x, steps))
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _batched(self, card: TaskCard, inputs: Array, batch_size: int, run: Callable) -> Array:
+        as_numpy = isinstance(inputs, np.ndarray)
+        x = torch.from_numpy(np.asarray(inputs, np.float32)) if as_numpy else inputs
+        if not isinstance(x, torch.Tensor):
+            raise ConfigError(f"inputs: a numpy array or a torch tensor, not {type(inputs).__name__}")
+        want = card.input_shape()
+        if x.dim() != len(want) or tuple(x.shape[1:]) != want[1:]:
+            raise ConfigError(
+                f"task {card.name}: inputs of shape {tuple(x.shape)}; this model takes {want} (channels last)"
+            )
+        where = x.device
+        outs = [run(x[i : i + batch_size].to(self.device, torch.float32)) for i in range(0, len(x), batch_size)]
+        out = torch.cat(outs).to(where) if outs else x.new_zeros(0)
+        return out.numpy() if as_numpy else out
+
+    def _normalised(self, card: TaskCard, x: torch.Tensor) -> torch.Tensor:
+        mean = torch.from_numpy(card.input_mean).to(x.device)
+        std = torch.from_numpy(card.input_std).to(x.device)
+        return (x - mean) / std
+
+    def _physical(self, card: TaskCard, y: torch.Tensor) -> torch.Tensor:
+        mean = torch.from_numpy(card.target_mean).to(y.device)
+        std = torch.from_numpy(card.target_std).to(y.device)
+        return y.float() * std + mean
+
+    @torch.no_grad()
+    def _forward(self, card: TaskCard, x: torch.Tensor) -> torch.Tensor:
+        with self.precision.autocast():
+            return self.model({card.name: x})[card.name]
+
+    def _step(self, card: TaskCard, x: torch.Tensor) -> torch.Tensor:
+        return self._physical(card, self._forward(card, self._normalised(card, x)))
+
+    def _roll(self, card: TaskCard, x: torch.Tensor, steps: int) -> torch.Tensor:
+        window, frames = self._normalised(card, x), []
+        for _ in range(steps):
+            nxt = self._forward(card, window)
+            frames.append(nxt)
+            window = advance(window, nxt)
+        return self._physical(card, torch.stack(frames, dim=1))
+
+
+def _cards_of_run(folder: Path, path: Path) -> dict:
+    """An older checkpoint's task cards, from the caches its run folder names (when they are still there)."""
+    from train.run_dir import RunDir
+
+    run = RunDir(folder)
+    try:
+        tasks = run.load_tasks(run.load_config())
+    except (OSError, ValueError, TrainError) as e:
+        raise DataError(
+            f"{path} was written before checkpoints carried their normalisation statistics, and its run folder "
+            f"{folder} cannot give them ({e}); rebuild the run's caches (python -m train cache with its config)"
+        ) from None
+    log.info("%s: normalisation statistics from the run's caches (an older checkpoint)", path)
+    return {task.name: task.card() for task in tasks}
+
+
+def _model_config(saved: dict, path: Path, factory: str | None) -> ModelConfig:
+    data = migrate_model_keys(saved[CONFIG].get("model", {}))
+    if factory is not None:
+        data = {**data, "name": factory}
+    try:
+        return ModelConfig.model_validate(data)
+    except Exception as e:  # a checkpoint of a newer version with keys this one does not know
+        raise DataError(f"{path}: its model settings cannot be read by this version ({e})") from None
+
+
+def _check_source(name: str, recorded: dict | None, path: Path) -> None:
+    """A model of your own whose file changed since training: said, not refused (the weights still load only
+    into matching shapes, and using an edited model may be what is wanted)."""
+    if not recorded:
+        return
+    now = factory_source(name)
+    if now is not None and now["sha256"] != recorded.get("sha256"):
+        log.warning(
+            "%s was trained with %s as it was then (SHA-256 %s); that file has changed since (%s): the weights are "
+            "loaded into the model as the file defines it now", path, recorded.get("file"),
+            str(recorded.get("sha256"))[:12], now["sha256"][:12],
+        )  # fmt: skip
+
+
+def resolve_checkpoint(source: str | Path, checkpoint: str | Path = "best", b2_api=None) -> Path:
+    """The checkpoint file ``source`` (a run folder, a .pt file or a remote run) and ``checkpoint`` name."""
+    text = str(source)
+    if text.startswith("b2://"):
+        from train.use.fetch import fetch_remote_checkpoint
+
+        return fetch_remote_checkpoint(text, b2_api)
+    path = Path(source)
+    if not path.exists() and (Path("runs") / path).is_dir():  # a run's name, as make's RUN= gives it
+        path = Path("runs") / path
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise DataError(f"{path}: no such run folder or checkpoint file; give runs/<name>, a .pt file or b2://...")
+    folder = path / "checkpoints"
+    if checkpoint == "best":
+        found = checkpoint_for_evaluation(folder)
+    elif checkpoint == "latest":
+        found = latest_checkpoint(folder)
+    else:
+        found = Path(checkpoint) if Path(checkpoint).is_file() else folder / str(checkpoint)
+        if not found.is_file():
+            raise DataError(f"checkpoint {checkpoint}: not a file, nor one in {folder}; use best, latest or a path")
+    if found is None:
+        raise DataError(f"{folder} holds no checkpoint ({BEST} or step_*.pt): train the run first")
+    return found
