@@ -1,5 +1,5 @@
 # The training image. PyTorch, CUDA and NCCL come from the base image and are never reinstalled: pick the base
-# whose CUDA your driver supports (README, "Container"). Without registry access, build FROM any image with
+# whose CUDA your driver supports (docs/launching.md, "Containers"). Without registry access, build FROM any image with
 # Python >= 3.10 and torch, and put the other wheels in wheels/ (the offline path, used by CI).
 ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime
 FROM ${BASE_IMAGE}

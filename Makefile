@@ -86,7 +86,7 @@ predict: install ## A trained run's predictions on an HDF5 file: RUN=name|folder
 export: install ## A trained run as files that run without this package: RUN=name|folder [FORMAT=onnx|torchscript OUT=folder TASK=name]
 	$(call checked,$(BIN)/python -m train export --run $(RUN) --format $(FORMAT) $(if $(OUT),--output $(OUT)) $(if $(TASK),--task $(TASK)) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)))
 
-bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), the Well demo (well), published-size data in 4 GB (scale, only when named); BENCH_ARGS="well"
+bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), the Well demo (well), fine-tuning vs scratch (finetune), published-size data in 4 GB (scale, only when named); BENCH_ARGS="well"
 	$(call checked,$(BIN)/python -m train.bench $(BENCH_ARGS))
 
 gpu-check: ## On one GPU (minutes): NCCL smoke, bf16 + torch.compile, SyncBatchNorm, bitwise resume, speed -> runs/gpu-check/ (exit 0 without a GPU)

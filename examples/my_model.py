@@ -1,6 +1,6 @@
 """A model of your own, trained with ``--set model.name=examples/my_model.py:build``.
 
-The contract (README, 'Your own model'): ``build(specs, **model.args)`` returns a ``torch.nn.Module`` whose
+The contract (docs/models.md, 'Your own model'): ``build(specs, **model.args)`` returns a ``torch.nn.Module`` whose
 forward maps a dict of inputs by task name to a dict of predictions by task name, all normalised and channels
 last. A time-dependent task gets its ``initial_step`` latest frames, ``(batch, initial_step, *grid, channels)``,
 and predicts the next frame, ``(batch, *grid, out_channels)``; a steady task maps ``(batch, *grid, channels)``

@@ -19,7 +19,6 @@ from train.checkpoint import (
 from train.config import BUILT_IN_MODELS, Config
 from train.data.cache import CacheInfo, build_cache, building_caches, window_span, write_window_index
 from train.data.sources import SplitFiles, stage_data
-from train.engine.init_from import resolve_initial_weights
 from train.engine.objective import target_frames
 from train.errors import ConfigError, DataError, TrainError
 from train.launch.doctor import check_shm_at_launch, doctor
@@ -37,6 +36,7 @@ from train.remote.push import catch_up
 from train.remote.restore import check_remote_config, restore_run
 from train.remote.store import open_remote
 from train.run_dir import RunDir
+from train.use.surrogate import resolve_initial_weights
 
 log = logging.getLogger(__name__)
 

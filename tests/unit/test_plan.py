@@ -45,7 +45,7 @@ def test_a_plan_no_launcher_writes_ends_the_launch_naming_the_key(value, key):
         LaunchPlan.from_json(text, WHERE)
     assert e.value.exit_code == 5
     assert f"holds a value under {key} that no launcher of this package writes" in str(e.value)
-    assert WHERE in str(e.value) and "README" in str(e.value)
+    assert WHERE in str(e.value) and "docs/launching.md" in str(e.value)
 
 
 @pytest.mark.parametrize("value", [{"code": "0", "message": ""}, {"code": 300, "message": ""}, {"code": True,

@@ -208,3 +208,31 @@ def test_an_export_that_would_be_wrong_is_refused_and_leaves_no_file(tmp_path, m
     with pytest.raises(export.ExportError, match="differs from the PyTorch model"):
         export.export_run(path, "torchscript", tmp_path / "out")
     assert not list((tmp_path / "out").glob("*"))
+
+
+def test_a_run_mirrored_to_b2_loads_from_its_remote_once_and_verified(tmp_path, monkeypatch):
+    """b2://bucket/prefix/<run>: the best checkpoint the pointer lists, fetched once, checked against its SHA1."""
+    from tests.b2sim import Account
+    from train.remote.mirror import RunMirror
+    from train.remote.store import open_remote
+    from train.run_dir import RunDir
+    from train.use.surrogate import Surrogate
+
+    account = Account(monkeypatch)
+    monkeypatch.setenv("TRAIN_MODEL_CACHE", str(tmp_path / "cache"))
+    run = RunDir(tmp_path / "runs" / "run")
+    run.checkpoints.mkdir(parents=True)
+    path, _, _ = _checkpoint(tmp_path, "fno", {"adv": ADV})
+    path.rename(run.checkpoints / "best.pt")
+    assert RunMirror(open_remote("b2://pdebench/runs", "run", account.api), run, keep=2, poll_s=0.01).start().finish(30)
+
+    x = np.random.default_rng(0).normal(size=(2, 3, 32, 1)).astype(np.float32)
+    local = Surrogate.load(run.root).predict("adv", x)
+    remote = Surrogate.load("b2://pdebench/runs/run", b2_api=account.api)
+    assert remote.checkpoint.is_relative_to(tmp_path / "cache")
+    np.testing.assert_array_equal(remote.predict("adv", x), local)
+    fetched = len(account.downloads)
+    Surrogate.load("b2://pdebench/runs/run", b2_api=account.api)
+    assert len(account.downloads) == fetched + 1, "the pointer is read again, the checkpoint not fetched again"
+    with pytest.raises(DataError, match="no checkpoint of a run"):
+        Surrogate.load("b2://pdebench/runs/other", b2_api=account.api)

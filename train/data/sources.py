@@ -39,7 +39,7 @@ class Provenance:
     """Where a task's split files came from and what the data stage warned about, JSON-ready.
 
     ``origins`` maps each split to a dict with ``origin`` ('b2', 'local', 'generated' or 'carved'), ``file``
-    (the local file read) and the fields of its kind (README, 'Outputs'); never a credential.
+    (the local file read) and the fields of its kind (docs/outputs.md); never a credential.
     """
 
     origins: dict[str, dict]

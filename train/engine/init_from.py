@@ -1,10 +1,11 @@
 """Fine-tuning: a new run that starts from another run's weights (``train.init_from``), parts of it fixed
 (``train.freeze``).
 
-The launcher resolves the source once (a checkpoint file, a run folder's best checkpoint, or a remote run's,
-fetched) and records it in inputs.json; every rank loads the same file before DDP wraps the model. Only the
-weights come across: the optimizer, the schedule, the data and the step count are the new run's own. A run
-that has checkpoints of its own resumes from them, never from the source again.
+The launcher resolves the source once (train.use.surrogate.resolve_initial_weights: a checkpoint file, a run
+folder's best checkpoint, or a remote run's, fetched) and records it in inputs.json; every rank loads the same
+file before DDP wraps the model. Only the weights come across: the optimizer, the schedule, the data and the
+step count are the new run's own. A run that has checkpoints of its own resumes from them, never from the
+source again.
 
 Matching is by parameter name. A parameter under the name of a task the source was not trained on (the
 transformer's ``codecs.<task>.*``, the FNO's and U-Net's ``networks.<task>.*``, a user model's ModuleDict by
@@ -22,7 +23,7 @@ from torch import nn
 
 from train.checkpoint import CONFIG, MODEL, SPECS, load_checkpoint
 from train.config import Config
-from train.errors import ConfigError, DataError
+from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -33,21 +34,6 @@ def sha256_of(path: Path) -> str:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
-
-
-def resolve_initial_weights(cfg: Config, b2_api=None) -> dict | None:
-    """The launcher's part: the checkpoint ``train.init_from`` names, as a record for inputs.json (its source,
-    the local file and its SHA-256); None without init_from."""
-    source = cfg.train.init_from
-    if source is None:
-        return None
-    from train.use.surrogate import resolve_checkpoint
-
-    try:
-        path = resolve_checkpoint(source, "best", b2_api)
-    except DataError as e:  # said as the setting that asked for it
-        raise ConfigError(f"train.init_from={source}: {e}") from None
-    return {"source": str(source), "checkpoint": str(Path(path).resolve()), "sha256": sha256_of(Path(path))}
 
 
 def _task_of(key: str, tasks: set[str]) -> str | None:

@@ -1,6 +1,6 @@
 """Putting the model together for training: precision, the unused-parameter check, DDP, then torch.compile.
 
-Order matters (README, 'Training'): model.to(device) -> DDP -> torch.compile. Compiling the DDP wrapper lets
+Order matters (docs/configs.md, 'Training'): model.to(device) -> DDP -> torch.compile. Compiling the DDP wrapper lets
 dynamo split the graph at DDP's bucket boundaries (its DDPOptimizer), so gradient all-reduces still overlap
 with the backward pass.
 """

@@ -281,7 +281,8 @@ def _exposure(where: str, endpoint: str, facts: Facts, host: str, port: int) -> 
             WARN,
             f"{where}; advertises {advertised}: {', '.join(public)} is a public address, and anyone who reaches the "
             "rendezvous or gloo/NCCL ports can join or steer the run",
-            "put the nodes on a private network or VPN and firewall the ports to the peers (README, multi-node)",
+            "put the nodes on a private network or VPN and firewall the ports to the peers (docs/launching.md, "
+            "several machines)",
         )
     return Check("rendezvous", PASS, f"{where}; this node advertises {advertised}")
 

@@ -199,7 +199,7 @@ class NodeBarrier:
             log.warning(
                 "node %d advertises %s, a public address: anyone who reaches the rendezvous and gloo/NCCL ports can "
                 "join or steer this run. Run nodes on a private network or VPN and firewall the ports to the peers "
-                "(README, multi-node)", self.topology.node_rank, self.address,
+                "(docs/launching.md, several machines)", self.topology.node_rank, self.address,
             )  # fmt: skip
         self._probe = socket.create_server((self.address, 0), backlog=self.topology.nnodes * 4)
         try:

@@ -122,5 +122,5 @@ def _foreign(key: str, where: str, problem: str) -> DistributedError:
         f"the rendezvous store at {where} holds a value under {key} that no launcher of this package writes "
         f"({problem}); the launch stops rather than follow it. Another program (or another job with the same "
         "RDZV_ENDPOINT and RDZV_ID) is writing to the rendezvous port: keep the ports reachable only from your own "
-        "nodes (see the README's multi-node section) and use a port of your own"
+        "nodes (see docs/launching.md, 'Several machines') and use a port of your own"
     )

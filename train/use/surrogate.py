@@ -33,7 +33,8 @@ from train.checkpoint import (
     load_checkpoint,
     load_model_state,
 )
-from train.config import ModelConfig, TrainConfig, migrate_model_keys
+from train.config import Config, ModelConfig, TrainConfig, migrate_model_keys
+from train.engine.init_from import sha256_of
 from train.engine.objective import advance
 from train.engine.setup import resolve_precision
 from train.errors import ConfigError, DataError, TrainError
@@ -287,3 +288,16 @@ def resolve_checkpoint(source: str | Path, checkpoint: str | Path = "best", b2_a
     if found is None:
         raise DataError(f"{folder} holds no checkpoint ({BEST} or step_*.pt): train the run first")
     return found
+
+
+def resolve_initial_weights(cfg: Config, b2_api=None) -> dict | None:
+    """The launcher's part: the checkpoint ``train.init_from`` names, as a record for inputs.json (its source,
+    the local file and its SHA-256); None without init_from."""
+    source = cfg.train.init_from
+    if source is None:
+        return None
+    try:
+        path = resolve_checkpoint(source, "best", b2_api)
+    except DataError as e:  # said as the setting that asked for it
+        raise ConfigError(f"train.init_from={source}: {e}") from None
+    return {"source": str(source), "checkpoint": str(Path(path).resolve()), "sha256": sha256_of(Path(path))}
