@@ -51,8 +51,6 @@ TASK_CARDS = "task_cards"
 """Each task's use beyond its shapes (``TaskData.card()``): the PDE family, the channel names and the statistics
 that normalise its inputs and targets. With CONFIG and SPECS it makes a checkpoint usable without its data,
 cache or config file (train.use)."""
-WEIGHTS_FROM = "weights_from"
-"""Where a fine-tuned run's initial weights came from (train.init_from): the checkpoint's path and SHA-256."""
 MODEL_SOURCE = "model_source"
 """A user factory's source: ``{"file": path, "sha256": hex}`` of the file that defines it (absent for built-ins)."""
 

@@ -761,7 +761,18 @@ def training_differences(a: Config, b: Config) -> list[str]:
     return [k for k in sorted(set(fa) | set(fb)) if not k.startswith(left_out) and fa.get(k) != fb.get(k)]
 
 
+_ADDED_LATER = {"train.init_from": None, "train.freeze": []}
+"""Keys added after runs were tagged with their identity: at these defaults they leave a run's identity as it was."""
+
+
 def run_identity(cfg: Config) -> str:
     """A short hash of :func:`training_view`: the same for every config that trains the same run. The remote's
-    pointer tags each checkpoint with it, so a checkpoint of another run is never taken for this run's."""
-    return hashlib.sha1(json.dumps(training_view(cfg), sort_keys=True).encode()).hexdigest()[:16]
+    pointer tags each checkpoint with it, so a checkpoint of another run is never taken for this run's. Spelled
+    as runs were tagged before: the transformer's keys by their older names, later keys only off their defaults,
+    so that a remote written by an earlier version still holds this run's checkpoints."""
+    view = {
+        key.replace("model.transformer.", "model.", 1): value
+        for key, value in training_view(cfg).items()
+        if key not in _ADDED_LATER or value != _ADDED_LATER[key]
+    }
+    return hashlib.sha1(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]

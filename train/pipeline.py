@@ -16,7 +16,7 @@ from train.checkpoint import (
     list_checkpoints,
     set_aside_unreadable,
 )
-from train.config import BUILT_IN_MODELS, Config
+from train.config import Config
 from train.data.cache import CacheInfo, build_cache, building_caches, window_span, write_window_index
 from train.data.sources import SplitFiles, stage_data
 from train.engine.objective import target_frames
@@ -26,6 +26,7 @@ from train.launch.plan import CheckpointRef, LaunchPlan
 from train.launch.session import LaunchSession, launch_session
 from train.launch.torchrun import launch, resolve_nproc
 from train.launch.watchers import watched_launch
+from train.model.builtin import MODELS
 from train.model.factory import resolve_factory
 from train.model.latent import build_latent_cache
 from train.model.multitask import check_specs
@@ -123,7 +124,7 @@ def run_stages(
 def _launch_stages(
     cfg: Config, command: str, nproc: str | int | None, session: LaunchSession, *, b2_api, preflight: bool
 ) -> Path:
-    if cfg.model.name not in BUILT_IN_MODELS:
+    if cfg.model.name not in MODELS:
         resolve_factory(cfg.model.name)  # a wrong path fails now, not after the data and cache stages
     check_tracking(cfg)
     if preflight:

@@ -28,6 +28,7 @@ from train.config import (
     apply_override,
     load_config,
     model_keys_in_use,
+    run_identity,
     to_yaml,
     training_differences,
 )
@@ -558,3 +559,12 @@ def test_a_well_task_takes_its_history_from_n_steps_input_and_refuses_pdebench_s
         TaskConfig.model_validate({"pde": "well", "source": "/data/x"})
     with pytest.raises(pydantic.ValidationError, match="'well' settings are for pde: well"):
         TaskConfig.model_validate({"pde": "advection1d", "well": {}})
+
+
+def test_a_runs_identity_reads_the_transformers_keys_either_way_and_fine_tuning_changes_it(minimal):
+    """The remote's tags: old and new spellings of one run are one run; a fine-tuned run is another."""
+    new = load_config(minimal, ["model.transformer.d_model=64"])
+    assert run_identity(new) == run_identity(load_config(minimal, ["model.d_model=64"]))
+    assert run_identity(new) != run_identity(load_config(minimal, ["model.transformer.d_model=32"]))
+    assert run_identity(new) != run_identity(load_config(minimal, ["model.d_model=64", "train.init_from=runs/x"]))
+    assert run_identity(new) != run_identity(load_config(minimal, ["model.d_model=64", "train.freeze=[codecs.]"]))

@@ -236,3 +236,47 @@ def test_a_run_mirrored_to_b2_loads_from_its_remote_once_and_verified(tmp_path, 
     assert len(account.downloads) == fetched + 1, "the pointer is read again, the checkpoint not fetched again"
     with pytest.raises(DataError, match="no checkpoint of a run"):
         Surrogate.load("b2://pdebench/runs/other", b2_api=account.api)
+
+
+def test_predict_writes_a_group_per_seed_file_in_its_layout(tmp_path):
+    """PDEBench's group-per-seed layout (diffusion-sorption): a group per sample, its data [t, x, channel]."""
+    import h5py
+
+    from train.use.predict import predict_file
+
+    spec = TaskSpec((32,), 1, 1, 4, 3, True)
+    cfg = Config(tasks={"ds": TaskConfig(pde="diffsorp1d", initial_step=3, patch_size=4)}, model=model_config("fno"))
+    torch.manual_seed(0)
+    model = build_model({"ds": spec}, cfg.model)
+    card = {
+        "pde": "diffsorp1d",
+        "channels": [],
+        "n_frames": 8,
+        "input_mean": [0.1],
+        "input_std": [0.5],
+        "target_mean": [0.1],
+        "target_std": [0.5],
+        "const_mean": [],
+        "const_std": [],
+        "statistics": "train split",
+    }
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    save_best(folder, {MODEL: model.state_dict(), CONFIG: cfg.model_dump(mode="json"), SPECS: {"ds": spec.as_dict()},
+                       TASK_CARDS: {"ds": card}})  # fmt: skip
+    source = tmp_path / "ds.h5"
+    data = np.random.default_rng(0).normal(size=(3, 8, 32, 1)).astype(np.float32)
+    with h5py.File(source, "w") as f:
+        for i, sample in enumerate(data):
+            f[f"{i:04d}/data"] = sample
+            f[f"{i:04d}/grid/x"] = np.linspace(0, 1, 32)
+            f[f"{i:04d}/grid/t"] = np.linspace(0, 1, 8)
+    scores = predict_file(tmp_path / "run", source, tmp_path / "out.h5", steps=6)
+    assert scores["frames_scored"] == 5 and scores["n_samples"] == 3
+    with h5py.File(tmp_path / "out.h5") as g:
+        assert sorted(g) == ["0000", "0001", "0002"]
+        for i in range(3):
+            out = g[f"{i:04d}/data"][()]
+            assert out.shape == (3 + 6, 32, 1) and len(g[f"{i:04d}/grid/t"]) == 9
+            np.testing.assert_array_equal(out[:3], data[i, :3])
+            assert not np.array_equal(out[3:8], data[i, 3:])

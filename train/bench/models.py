@@ -98,10 +98,13 @@ def entry(workdir: Path, model: str, objective: str, budget_s: float, quick: boo
     """Calibrate, train for the budget, evaluate: one row of the table."""
     timing = config(workdir, model, objective, ["train.epochs=1", f"train.steps_per_epoch={CALIBRATION_STEPS}"], quick)
     folders = stage_cache(timing, stage_data(timing))  # generated once; the objective's window index per entry
-    calibration = _launch(timing, folders, "fit")
-    seconds = step_time(calibration, CALIBRATION_WARMUP)
-    per_epoch = 2 if quick else max(1, math.ceil(budget_s / seconds / EPOCHS))
-    cfg = config(workdir, model, objective, [f"train.epochs={EPOCHS}", f"train.steps_per_epoch={per_epoch}"], quick)
+    seconds = None  # quick: two steps an epoch whatever a step costs, so no calibration launch
+    if not quick:
+        seconds = step_time(_launch(timing, folders, "fit"), CALIBRATION_WARMUP)
+    per_epoch = 2 if seconds is None else max(1, math.ceil(budget_s / seconds / EPOCHS))
+    quick_log = ["train.log_every=2"] if quick else []  # windows of its few steps, for the step time
+    steps = [f"train.epochs={EPOCHS}", f"train.steps_per_epoch={per_epoch}", *quick_log]
+    cfg = config(workdir, model, objective, steps, quick)
     print(f"models benchmark: {model} {objective}, {per_epoch * EPOCHS} steps", file=sys.stderr, flush=True)
     start = time.perf_counter()
     run = _launch(cfg, folders, "fit,evaluate")

@@ -36,7 +36,7 @@ from train.checkpoint import (
     save_best,
     save_checkpoint,
 )
-from train.config import BUILT_IN_MODELS, Config, ModelConfig, model_keys_in_use
+from train.config import Config, ModelConfig, model_keys_in_use
 from train.distributed.collectives import all_reduce_sum, broadcast_from_main
 from train.distributed.env import DistEnv
 from train.distributed.shared_checkpoint import shared_checkpoint
@@ -66,6 +66,7 @@ from train.engine.setup import (
 from train.engine.signals import StopRequest
 from train.engine.streams import EpochStreams, step_seed, task_draws
 from train.errors import ConfigError, DataError, Preempted
+from train.model.builtin import MODELS
 from train.model.factory import check_outputs, factory_source, forward_failed
 from train.model.specs import TaskData
 from train.obs.monitor import DataWait, Progress, system_figures
@@ -109,7 +110,7 @@ class Trainer:
             try:
                 outputs = predict(self.model, inputs, latents)
             except Exception as e:
-                if cfg.model.name in BUILT_IN_MODELS:
+                if cfg.model.name in MODELS:
                     raise
                 raise forward_failed(cfg.model.name, e, {n: x.shape for n, x in inputs.items()}) from None
             check_outputs(outputs, inputs, {t.name: t.spec for t in tasks}, cfg.model.name)

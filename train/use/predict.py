@@ -121,7 +121,7 @@ class _Writer:
     def write(self, samples: range, inputs: np.ndarray, outputs: np.ndarray) -> None:
         layout, where = LAYOUTS[self.card.pde], slice(samples.start, samples.stop)
         if self.groups:
-            names = self.reader._keys[samples.start : samples.stop]
+            names = self.reader.group_names[samples.start : samples.stop]
             for name, traj in zip(names, outputs, strict=True):
                 group = self.f.create_group(name)
                 group.create_dataset("data", data=traj)

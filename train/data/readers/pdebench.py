@@ -246,6 +246,11 @@ class GroupReader(_LazyHdf5):
         self.raw_shape = first[1][:-1]
         self._check_stride()
 
+    @property
+    def group_names(self) -> list[str]:
+        """The samples' group names, in sample order."""
+        return list(self._keys)
+
     def coordinates(self) -> dict[str, list[float]]:
         """Strided coordinates from the first group's ``grid``; every seed shares one grid."""
         grid = self.file[self._keys[0]].get("grid")
