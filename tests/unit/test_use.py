@@ -280,3 +280,41 @@ def test_predict_writes_a_group_per_seed_file_in_its_layout(tmp_path):
             assert out.shape == (3 + 6, 32, 1) and len(g[f"{i:04d}/grid/t"]) == 9
             np.testing.assert_array_equal(out[:3], data[i, :3])
             assert not np.array_equal(out[3:8], data[i, 3:])
+
+
+def test_a_model_of_your_own_that_moved_is_named_with_how_to_point_at_it(tmp_path, monkeypatch):
+    import shutil
+
+    from tests.helpers import REPO
+    from train.use.surrogate import Surrogate
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(REPO / "examples" / "my_model.py", tmp_path / "mine.py")
+    cfg = Config(
+        tasks={"adv": TaskConfig(pde="advection1d", initial_step=3, patch_size=4)},
+        model=ModelConfig(name="mine.py:build", args={"width": 4, "depth": 1, "kernel": 3}),
+    )
+    model = build_model({"adv": ADV}, cfg.model)
+    card = {
+        "pde": "advection1d",
+        "channels": [],
+        "n_frames": 8,
+        "input_mean": [0.0],
+        "input_std": [1.0],
+        "target_mean": [0.0],
+        "target_std": [1.0],
+        "const_mean": [],
+        "const_std": [],
+        "statistics": "train split",
+    }
+    (tmp_path / "ckpt").mkdir()
+    path = save_best(tmp_path / "ckpt", {MODEL: model.state_dict(), CONFIG: cfg.model_dump(mode="json"),
+                                         SPECS: {"adv": ADV.as_dict()}, TASK_CARDS: {"adv": card}})  # fmt: skip
+    (tmp_path / "models").mkdir()
+    (tmp_path / "mine.py").rename(tmp_path / "models" / "mine.py")
+    with pytest.raises(ConfigError, match=r"model.name=mine.py:build .*factory='path/to/file.py:function'"):
+        Surrogate.load(path)
+    moved = Surrogate.load(path, factory="models/mine.py:build")
+    x = np.ones((1, 3, 32, 1), np.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(moved.predict("adv", x), model.eval()({"adv": torch.from_numpy(x)})["adv"].numpy())

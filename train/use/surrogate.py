@@ -38,6 +38,7 @@ from train.engine.init_from import sha256_of
 from train.engine.objective import advance
 from train.engine.setup import resolve_precision
 from train.errors import ConfigError, DataError, TrainError
+from train.model.builtin import MODELS
 from train.model.factory import build_model, factory_source
 from train.model.specs import TaskSpec
 
@@ -142,7 +143,17 @@ class Surrogate:
         if TASK_CARDS not in saved and path.parent.name == "checkpoints" and (run_folder / "inputs.json").is_file():
             saved[TASK_CARDS] = _cards_of_run(run_folder, path)
         tasks = {name: TaskCard.from_checkpoint(name, saved, path) for name in saved[SPECS]}
-        model = build_model({name: card.spec for name, card in tasks.items()}, model_cfg)
+        try:
+            model = build_model({name: card.spec for name, card in tasks.items()}, model_cfg)
+        except ConfigError as e:
+            if factory is not None or model_cfg.name in MODELS:
+                raise
+            where = (saved.get(MODEL_SOURCE) or {}).get("file", model_cfg.name)
+            raise ConfigError(
+                f"{path} was trained with model.name={model_cfg.name} (defined in {where}), which cannot be built "
+                f"here: {e}. If the file moved, say where it is now: Surrogate.load(..., factory='path/to/file.py:"
+                "function') (a relative path is read from the current folder)"
+            ) from None
         _check_source(model_cfg.name, saved.get(MODEL_SOURCE), path)
         load_model_state(model, saved[MODEL], path)
         device = torch.device(device)
