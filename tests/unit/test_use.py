@@ -61,6 +61,15 @@ def test_the_real_spectral_layer_equals_the_complex_one(sizes, modes):
 
 
 # ---------------------------------------------------------------------------------------- checkpoints
+
+
+def _card(pde: str, mean: float = 0.0, std: float = 1.0) -> dict:
+    """A checkpoint's task card as the trainer writes one, for a one-channel task."""
+    moments = {"input_mean": [mean], "input_std": [std], "target_mean": [mean], "target_std": [std]}
+    return {"pde": pde, "channels": [], "n_frames": 8, **moments, "const_mean": [], "const_std": [],
+            "statistics": "train split"}  # fmt: skip
+
+
 def _checkpoint(tmp_path, name: str, specs: dict[str, TaskSpec], cards: bool = True, seed: int = 0):
     """A checkpoint as the trainer writes one (model, config, specs, task cards) for a random model."""
     tasks = {
@@ -70,18 +79,13 @@ def _checkpoint(tmp_path, name: str, specs: dict[str, TaskSpec], cards: bool = T
     cfg = Config(tasks={k: v for k, v in tasks.items() if k in specs}, model=model_config(name))
     torch.manual_seed(seed)
     model = build_model(specs, cfg.model)
-    card = {"channels": [], "n_frames": 8, "const_mean": [], "const_std": [], "statistics": "train split"}
     state = {
         MODEL: model.state_dict(),
         CONFIG: cfg.model_dump(mode="json"),
         SPECS: {n: s.as_dict() for n, s in specs.items()},
     }
     if cards:
-        state[TASK_CARDS] = {
-            n: {**card, "pde": cfg.tasks[n].pde, "input_mean": [0.5], "input_std": [2.0], "target_mean": [0.5],
-                "target_std": [2.0]}
-            for n in specs
-        }  # fmt: skip
+        state[TASK_CARDS] = {n: _card(cfg.tasks[n].pde, 0.5, 2.0) for n in specs}
     folder = tmp_path / f"{name}-{seed}-{'-'.join(specs)}"
     folder.mkdir()
     return save_best(folder, state), model, cfg
@@ -248,18 +252,7 @@ def test_predict_writes_a_group_per_seed_file_in_its_layout(tmp_path):
     cfg = Config(tasks={"ds": TaskConfig(pde="diffsorp1d", initial_step=3, patch_size=4)}, model=model_config("fno"))
     torch.manual_seed(0)
     model = build_model({"ds": spec}, cfg.model)
-    card = {
-        "pde": "diffsorp1d",
-        "channels": [],
-        "n_frames": 8,
-        "input_mean": [0.1],
-        "input_std": [0.5],
-        "target_mean": [0.1],
-        "target_std": [0.5],
-        "const_mean": [],
-        "const_std": [],
-        "statistics": "train split",
-    }
+    card = _card("diffsorp1d", 0.1, 0.5)
     folder = tmp_path / "run" / "checkpoints"
     folder.mkdir(parents=True)
     save_best(folder, {MODEL: model.state_dict(), CONFIG: cfg.model_dump(mode="json"), SPECS: {"ds": spec.as_dict()},
@@ -295,18 +288,7 @@ def test_a_model_of_your_own_that_moved_is_named_with_how_to_point_at_it(tmp_pat
         model=ModelConfig(name="mine.py:build", args={"width": 4, "depth": 1, "kernel": 3}),
     )
     model = build_model({"adv": ADV}, cfg.model)
-    card = {
-        "pde": "advection1d",
-        "channels": [],
-        "n_frames": 8,
-        "input_mean": [0.0],
-        "input_std": [1.0],
-        "target_mean": [0.0],
-        "target_std": [1.0],
-        "const_mean": [],
-        "const_std": [],
-        "statistics": "train split",
-    }
+    card = _card("advection1d")
     (tmp_path / "ckpt").mkdir()
     path = save_best(tmp_path / "ckpt", {MODEL: model.state_dict(), CONFIG: cfg.model_dump(mode="json"),
                                          SPECS: {"adv": ADV.as_dict()}, TASK_CARDS: {"adv": card}})  # fmt: skip

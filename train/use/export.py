@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,8 +213,3 @@ def export_run(
 def _run_folder(checkpoint: Path) -> Path:
     """runs/<name> of a checkpoint in runs/<name>/checkpoints/, else the checkpoint's own folder."""
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-
-
-def describe(path: Path) -> dict:
-    """The sidecar of an exported file."""
-    return json.loads(path.with_name(path.name + ".json").read_text())

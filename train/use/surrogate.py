@@ -76,8 +76,8 @@ class TaskCard:
                 "hold them: Surrogate.load('runs/<name>', checkpoint=...)"
             )
         card = cards[name]
-        spec = TaskSpec(**{**SPEC_DEFAULTS, **saved[SPECS][name]})
-        spec = TaskSpec(**{**spec.as_dict(), "grid": tuple(spec.grid), "boundary": _tuples(spec.boundary)})
+        spec = {**SPEC_DEFAULTS, **saved[SPECS][name]}
+        spec = TaskSpec(**{**spec, "grid": tuple(spec["grid"]), "boundary": _tuples(spec["boundary"])})
         return cls(
             name=name,
             spec=spec,
