@@ -20,6 +20,9 @@ STEPS ?=
 TASK ?=
 CHECKPOINT ?=
 FORMAT ?= onnx
+SWEEP ?=
+NAME ?=
+SLURM ?=
 # Container targets: CPU=1 on hosts without GPUs (the -cpu services); BASE_IMAGE picks the image's base.
 COMPOSE ?= docker compose
 COMPOSE_FILES ?= compose.yaml
@@ -37,7 +40,7 @@ define checked
 	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
 endef
 
-.PHONY: help install gpu-check train data cache fit evaluate doctor smoke-test push slurm predict export bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
+.PHONY: help install gpu-check train data cache fit evaluate doctor smoke-test push slurm sweep predict export bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
 
 help: ## List the targets
 	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
@@ -79,6 +82,9 @@ push: install ## Mirror runs/<name> to run.remote now, what a launch could not s
 
 slurm: install ## Render an sbatch file from CONFIG's slurm section (SET="slurm.nodes=2 ..."; OUT=file)
 	$(call checked,$(BIN)/python -m train slurm --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)))
+
+sweep: install ## Search many runs: CONFIG plus the search space SWEEP=space.yaml, each trial a run in runs/<sweep>/ [NAME= SET= SLURM=1]
+	$(call checked,$(BIN)/python -m train sweep --config $(CONFIG) --space $(SWEEP) $(if $(NAME),--name $(NAME)) $(foreach s,$(SET),--set $(s)) $(if $(SLURM),--slurm))
 
 predict: install ## A trained run's predictions on an HDF5 file: RUN=name|folder INPUT=file.h5 OUT=pred.h5 [STEPS=N TASK=name CHECKPOINT=best]
 	$(call checked,$(BIN)/python -m train predict --run $(RUN) --input $(INPUT) --output $(OUT) $(if $(STEPS),--steps $(STEPS)) $(if $(TASK),--task $(TASK)) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)))

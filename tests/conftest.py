@@ -51,6 +51,11 @@ while os.getppid() == parent:
 """
 
 
+def pytest_collection_modifyitems(items):
+    """The container tests last: CI provisions Docker while the other tiers run (they wait for it)."""
+    items.sort(key=lambda item: "tests/container/" in str(item.fspath))
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--cpu-load",
@@ -74,3 +79,11 @@ def _cpu_load(request):
 def pytest_report_header(config):
     n = config.getoption("--cpu-load")
     return f"cpu load: {n} busy process(es) beside the tests on {os.cpu_count()} core(s)" if n else None
+
+
+@pytest.fixture(scope="session")
+def local_sweep(tmp_path_factory):
+    """The shared grid sweep (tests/sweeps.py) on this machine, killed mid-trial and continued, once a session."""
+    from tests.sweeps import run_killed_and_continued
+
+    return run_killed_and_continued(tmp_path_factory.mktemp("local-sweep"))

@@ -47,6 +47,7 @@ class OfflineRun:
     exit_code: int | None = None
     preempting: bool = False
     config: dict = field(default_factory=dict)
+    group: str = ""
 
 
 def _value(item) -> object:
@@ -64,6 +65,7 @@ def read_run(path: Path) -> OfflineRun:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run.id = record.run.run_id
+            run.group = record.run.run_group
             run.config.update({i.key: _value(i) for i in record.run.config.update})
         elif kind == "history":
             run.history.append({i.key or "/".join(i.nested_key): _value(i) for i in record.history.item})

@@ -33,6 +33,10 @@ OTHER_COMMANDS = {
     "exit 4 when not all of it got there",
 }
 LAUNCHING = ("run", "fit", "evaluate", "smoke")
+SWEEP_HELP = (
+    "search many runs: the base config (--config, --set) with the parameters of a search space file (--space), "
+    "each trial an ordinary run under runs/<sweep>/; re-running continues the search"
+)
 USING_COMMANDS = {
     "predict": "a trained model's predictions on an HDF5 file (rollouts from its initial frames), written in the "
     "same layout and scored when the file holds the true frames",
@@ -79,8 +83,31 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile step")
         if name == "slurm":
             c.add_argument("--output", "-o", help="write the sbatch file here instead of printing it")
+    _sweep_command(sub)
     _using_commands(sub)
     return p
+
+
+def _sweep_command(sub) -> None:
+    c = sub.add_parser("sweep", help=SWEEP_HELP, description=SWEEP_HELP)
+    c.add_argument("--config", "-c", default="configs/default.yaml", help="base YAML config (default: %(default)s)")
+    c.add_argument("--space", "-s", required=True, help="the search space file (docs/sweeps.md)")
+    c.add_argument("--name", help="the sweep's folder under run.runs_dir; default: the space file's stem")
+    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a value of the base config (repeatable)")  # fmt: skip
+    c.add_argument("--slurm", action="store_true", help="render the SLURM job array (runs/<sweep>/sweep.sbatch)")
+    c.add_argument("--output", "-o", help="with --slurm: write the sbatch file here")
+    c.add_argument("--array-task", action="store_true", help=argparse.SUPPRESS)  # what each array task runs
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from train.sweep.driver import open_sweep, run_sweep, write_array
+
+    study, base = open_sweep(args.config, args.overrides, args.space, args.name)
+    if args.slurm:
+        write_array(study, base, args.config, args.overrides, args.space, args.output)
+    else:
+        run_sweep(study, base, array_task=args.array_task)
 
 
 def _using_commands(sub) -> None:
@@ -147,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> None:
     if args.command in USING_COMMANDS:
         return _use(args)
+    if args.command == "sweep":
+        return _sweep(args)
     cfg = load_config(args.config, args.overrides, run_name=args.run or None)
     # torch is imported only once the config is known to be good
     if args.command == "doctor":

@@ -456,6 +456,8 @@ class WandbConfig(Section):
     """W&B project the run belongs to."""
     entity: str | None = None
     """W&B team or user; default: the API key's default entity."""
+    group: str | None = None
+    """W&B group of the run; a sweep's trials are grouped under the sweep's name."""
 
 
 class ObsConfig(Section):

@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import sys
+from dataclasses import dataclass
 
 from train.atomic import write_text_atomic
 from train.config import Config, SlurmConfig
@@ -38,7 +39,7 @@ _HEADER = """\
 #   {command}
 # Submit it from the project directory (the job runs in the folder it was submitted from):
 #   sbatch {submit}
-# SLURM writes the job's output to <job name>-<job id>.out in that folder.
+# SLURM writes {output_note} in that folder.
 """
 
 _BODY = """\
@@ -97,6 +98,22 @@ _NO_REQUEUE = """\
 if [[ $code -eq 75 ]]; then
     echo "stopped on request (exit 75, nothing lost): submit this script again to resume"
 fi"""
+
+
+@dataclass(frozen=True)
+class ArrayJob:
+    """A job array whose tasks run another command than a single run (a sweep's workers)."""
+
+    name: str
+    """The job's name (--job-name)."""
+    tasks: int
+    """Array tasks in all (--array=0-<tasks - 1>)."""
+    at_once: int
+    """Tasks that run at the same time (--array=...%<at_once>)."""
+    train_args: list[str]
+    """The words after ``python -m train`` that each task runs."""
+    rendered_by: str
+    """The command line that renders this file, for its header."""
 
 
 def _sbatch_value(key: str, value: object) -> str:
@@ -171,11 +188,12 @@ def _cpus_per_task(cfg: Config) -> int:
     return ranks * (cfg.train.num_workers + 1)
 
 
-def _directives(cfg: Config) -> list[str]:
+def _directives(cfg: Config, array: ArrayJob | None = None) -> list[str]:
     s = cfg.slurm
     _check_time_limit(s)
+    name = _sbatch_value("sweep name", array.name) if array else _sbatch_value("run.name", cfg.run.name)
     options = [
-        f"--job-name={_sbatch_value('run.name', cfg.run.name)}",
+        f"--job-name={name}",
         f"--nodes={s.nodes}",
         # One task per node: it runs the launcher, which starts one rank per GPU. One task per GPU would start
         # gpus_per_node launchers per node, each starting a rank on every GPU.
@@ -191,7 +209,10 @@ def _directives(cfg: Config) -> list[str]:
     options.append(f"--signal=B:USR1@{s.preempt_signal_s}")
     if s.requeue:
         options.append("--requeue")
-    options += ["--open-mode=append", "--output=%x-%j.out"]
+    if array is not None:  # each task's output file: %A the array's job id, %a the task's index
+        options += [f"--array=0-{array.tasks - 1}%{array.at_once}", "--open-mode=append", "--output=%x-%A_%a.out"]
+    else:
+        options += ["--open-mode=append", "--output=%x-%j.out"]
     for i, extra in enumerate(s.extra_sbatch):
         key = f"slurm.extra_sbatch[{i}]"
         if not extra.startswith("-"):
@@ -200,7 +221,7 @@ def _directives(cfg: Config) -> list[str]:
     return [f"#SBATCH {option}" for option in options]
 
 
-def _launch(cfg: Config, config_path: str, overrides: list[str]) -> str:
+def _launch(cfg: Config, config_path: str, overrides: list[str], array: ArrayJob | None = None) -> str:
     s = cfg.slurm
     # srun takes its task count from the job's: with `#SBATCH --ntasks-per-node=2` edited into the header it would
     # ignore --ntasks-per-node=1 (with a warning) and start two launchers per node. --ntasks pins one per node.
@@ -211,12 +232,15 @@ def _launch(cfg: Config, config_path: str, overrides: list[str]) -> str:
         "srun", "--kill-on-bad-exit=1", '--ntasks="$SLURM_NNODES"', "--ntasks-per-node=1", *gpus,
         f"--cpus-per-task={_cpus_per_task(cfg)}",
     ]  # fmt: skip
-    train = ["-m", "train", "run", "--config", _shell_word("config path", config_path)]
-    train += ["--run", _shell_word("run.name", str(cfg.run.name))]
-    for override in overrides:
-        # slurm.* settings only shape this file; the run inside the job does not need them
-        if not override.strip().startswith("slurm."):
-            train += ["--set", _shell_word(f"override {override!r}", override)]
+    if array is not None:
+        train = ["-m", "train", *(_shell_word("command", word) for word in array.train_args)]
+    else:
+        train = ["-m", "train", "run", "--config", _shell_word("config path", config_path)]
+        train += ["--run", _shell_word("run.name", str(cfg.run.name))]
+        for override in overrides:
+            # slurm.* settings only shape this file; the run inside the job does not need them
+            if not override.strip().startswith("slurm."):
+                train += ["--set", _shell_word(f"override {override!r}", override)]
     if s.container == "none":
         # PYTHON may name the project's virtual environment on the shared file system
         lines = [srun, ['"${PYTHON:-python3}"', *train]]
@@ -244,20 +268,29 @@ def render_command(config_path: str, overrides: list[str], run_name: str | None,
     return " ".join(words)
 
 
-def render_sbatch(cfg: Config, config_path: str, overrides: list[str], output: str | None = None) -> str:
-    """The sbatch script of ``cfg``; ``output`` is only named in its header (where it is written to)."""
+def render_sbatch(
+    cfg: Config, config_path: str, overrides: list[str], output: str | None = None, array: ArrayJob | None = None
+) -> str:
+    """The sbatch script of ``cfg``; ``output`` is only named in its header (where it is written to); ``array``
+    makes it a job array whose tasks run ``array.train_args``."""
     # load_config names a run after its config file; any other name came from --run or the YAML and must be
     # on the command line in the header for it to reproduce this file.
     default_name = os.path.splitext(os.path.basename(config_path))[0]
     run_name = cfg.run.name if cfg.run.name != default_name else None
     submit = _shell_word("output path", output) if output is not None else "FILE  (python -m train slurm --output FILE)"
-    header = _HEADER.format(command=render_command(config_path, overrides, run_name, output), submit=submit)
+    command = array.rendered_by if array else render_command(config_path, overrides, run_name, output)
+    output_note = (
+        "each array task's output to <job name>-<array job id>_<task index>.out"
+        if array
+        else "the job's output to <job name>-<job id>.out"
+    )
+    header = _HEADER.format(command=command, submit=submit, output_note=output_note)
     body = _BODY.format(
         cpu_only=_CPU_ONLY if cfg.slurm.gpus_per_node == 0 else "",
-        launch=_launch(cfg, config_path, overrides),
+        launch=_launch(cfg, config_path, overrides, array),
         on_preempted=_REQUEUE if cfg.slurm.requeue else _NO_REQUEUE,
     )
-    return header + "\n".join(_directives(cfg)) + "\n\n" + body
+    return header + "\n".join(_directives(cfg, array)) + "\n\n" + body
 
 
 def write_sbatch(cfg: Config, config_path: str, overrides: list[str], output: str | None) -> None:

@@ -1,4 +1,4 @@
-"""python -m train.bench [cache-io|trainer|models|remote|well|finetune|scale|all]: the benchmarks, each writing
+"""python -m train.bench [cache-io|trainer|models|remote|well|finetune|sweep|scale|all]: the benchmarks, each writing
 NAME.json/.md to --out.
 
 - cache-io: data loading, our mmap cache against per-sample h5py and shared memory (train/bench/cache_io.py);
@@ -8,7 +8,9 @@ NAME.json/.md to --out.
 - well: configs/well.yaml from nothing, timed, one-step VRMSE against the baseline (train/bench/well.py);
 - finetune: the default advection model fine-tuned on another coefficient against training from scratch
   (train/bench/finetune.py);
-- all (the default, also when only options are given): all six (not scale), with their default sizes.
+- sweep: an 8-trial search over the FNO's width, modes and learning rate against the default config
+  (train/bench/sweep.py);
+- all (the default, also when only options are given): all seven (not scale), with their default sizes.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from train.bench import cache_io, finetune, models, remote, scale, trainer_step, well
+from train.bench import cache_io, finetune, models, remote, scale, sweep, trainer_step, well
 from train.errors import TrainError
 
-COMMANDS = ("cache-io", "trainer", "models", "remote", "well", "finetune", "scale", "all")
+COMMANDS = ("cache-io", "trainer", "models", "remote", "well", "finetune", "sweep", "scale", "all")
 # Each benchmark's own options and their defaults (``all`` runs both with these).
 CACHE_IO = {"cache_gb": 1.1, "steps": 400, "h5py_steps": 40, "warmup": 5}
 TRAINER = {"steps": 150, "warmup": 20, "repeats": 5}
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m train.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", metavar="{cache-io,trainer,models,remote,well,finetune,scale,all}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     io = sub.add_parser("cache-io", help=cache_io.__doc__.splitlines()[0])
     _common(io)
     io.add_argument("--cache-gb", type=float, default=CACHE_IO["cache_gb"], help="size the data is scaled to")
@@ -68,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     re.add_argument("--rate-mb-s", type=float, default=REMOTE["rate_mb_s"], help="upload speed of the remote")
     _common(sub.add_parser("well", help=well.__doc__.splitlines()[0]))
     _common(sub.add_parser("finetune", help=finetune.__doc__.splitlines()[0]))
+    _common(sub.add_parser("sweep", help=sweep.__doc__.splitlines()[0]))
     sc = sub.add_parser("scale", help=scale.__doc__.splitlines()[0])
     _common(sc)
     sc.add_argument(
@@ -133,6 +136,12 @@ def finetune_main(args: argparse.Namespace) -> dict:
     return result
 
 
+def sweep_main(args: argparse.Namespace) -> dict:
+    result = sweep.run(args.out, args.workdir, args.quick)
+    print((args.out / "sweep.md").read_text(), flush=True)
+    return result
+
+
 def scale_main(args: argparse.Namespace) -> dict:
     result = scale.run(args.out, args.workdir, args.quick, args.cfd_fraction)
     print((args.out / "scale.md").read_text(), flush=True)
@@ -162,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         "remote": [remote_main],
         "well": [well_main],
         "finetune": [finetune_main],
+        "sweep": [sweep_main],
         "scale": [scale_main],  # 15 GB of disk and tens of minutes: not part of all
-        "all": [cache_io_main, trainer_main, models_main, remote_main, well_main, finetune_main],
+        "all": [cache_io_main, trainer_main, models_main, remote_main, well_main, finetune_main, sweep_main],
     }
     missed = []
     try:

@@ -257,8 +257,9 @@ def launch(
 
     topology = topology_from_environ(os.environ, cfg.run.name or run.root.name)
     debug = debug_enabled()
-    # Ranks sharing a CPU must not each start one thread per core: that oversubscribes and crawls.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # Ranks sharing a CPU must not each start one thread per core: that oversubscribes and crawls. The cores are
+    # those this process may run on (a SLURM cpuset, a sweep's share of the machine), not all the machine's.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // nproc)))
     # Lines a rank prints (native crashes, NCCL) are prefixed with its global rank on the console.
     if topology.multi_node:
         # torchrun's ${rank} is its own numbering, not the ranks' (below): name the node and the local rank

@@ -16,7 +16,7 @@ from train.atomic import atomic_path
 from train.obs.sinks import read_metrics
 
 
-def _new_figure(width: float, height: float):
+def new_figure(width: float, height: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -25,7 +25,7 @@ def _new_figure(width: float, height: float):
     return fig
 
 
-def _save(fig, png: Path) -> None:
+def save_png(fig, png: Path) -> None:
     # The temporary name ends in .tmp, so the format must be named.
     with atomic_path(png) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
@@ -65,7 +65,7 @@ def loss_curves(metrics_path: Path, png: Path) -> bool:
     val = _series(records, "val/", skip=("val/loss",))
     if not train and not val:
         return False
-    fig = _new_figure(7.5, 4.5)
+    fig = new_figure(7.5, 4.5)
     ax = fig.add_subplot()
     colours = {task: f"C{i % 10}" for i, task in enumerate(dict.fromkeys([*train, *val]))}
     for task, (steps, values) in train.items():
@@ -78,7 +78,7 @@ def loss_curves(metrics_path: Path, png: Path) -> bool:
     ax.set_title("Training and validation loss per task")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
-    _save(fig, png)
+    save_png(fig, png)
     return True
 
 
@@ -93,7 +93,7 @@ def error_growth(results: dict[str, dict], png: Path) -> bool:
     names = rollout_tasks(results)
     if not names:
         return False
-    fig = _new_figure(4.2 * len(names), 3.2)
+    fig = new_figure(4.2 * len(names), 3.2)
     for ax, name in zip(fig.subplots(1, len(names), squeeze=False)[0], names, strict=True):
         for key, label, style in (("nrmse_by_step", "model", "-"), ("baseline_nrmse_by_step", "baseline", "--")):
             curve = [(i + 1, v) for i, v in enumerate(results[name].get(key) or []) if _plottable(v)]
@@ -104,7 +104,7 @@ def error_growth(results: dict[str, dict], png: Path) -> bool:
         ax.set_xlabel("predicted step")
         ax.set_ylabel("nRMSE")
         ax.legend()
-    _save(fig, png)
+    save_png(fig, png)
     return True
 
 
@@ -154,16 +154,16 @@ def field_comparison(example: dict[str, np.ndarray], task_name: str, png: Path) 
     panels = [("true", true, scale), ("predicted", pred, scale), ("|error|", error, err_kw)]
     if steady:
         panels.insert(0, ("input", _view(example["input"][..., 0], steady), {"cmap": "cividis"}))
-    fig = _new_figure(4.2 * len(panels), 3.6)
+    fig = new_figure(4.2 * len(panels), 3.6)
     for ax, (name, data, kw) in zip(fig.subplots(1, len(panels)), panels, strict=True):
         _image(fig, ax, data, name + suffix, *labels, **kw)
     fig.suptitle(f"{task_name}: sample 0, channel 0")
-    _save(fig, png)
+    save_png(fig, png)
 
 
 def _profiles(inp: np.ndarray, true: np.ndarray, pred: np.ndarray, task_name: str, png: Path) -> None:
     """A 1D steady task: the fields as curves beside the error, since an image of one row says little."""
-    fig = _new_figure(10, 3.6)
+    fig = new_figure(10, 3.6)
     ax, err_ax = fig.subplots(1, 2)
     x = np.arange(true.shape[0])
     ax.plot(x, inp, color="grey", label="input")
@@ -176,4 +176,4 @@ def _profiles(inp: np.ndarray, true: np.ndarray, pred: np.ndarray, task_name: st
     for a in (ax, err_ax):
         a.set_xlabel("x index")
     fig.suptitle(f"{task_name}: sample 0, channel 0")
-    _save(fig, png)
+    save_png(fig, png)

@@ -1,0 +1,66 @@
+"""Sweeps on this machine, each trial a real run under torchrun: a sweep killed outright continues where it
+stopped, each trial from its own checkpoint and each grid point once, and a trial clearly worse than the others
+at the same step is pruned, recorded with that step and score; the leaderboard, best config and plots follow."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.helpers import run_cli
+from tests.sweeps import ONE_THREAD, space_file, sweep_args, trials
+from train.config import load_config
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_sweep_killed_mid_trial_continues_its_trials_from_their_checkpoints_each_grid_point_once(local_sweep):
+    root, rerun = local_sweep.root, local_sweep.rerun
+    assert "trial-000 resumes from its checkpoint" in rerun.stderr
+    assert re.search(r"resumed from .*trial-000/checkpoints/step_", (root / "logs" / "trial-000.log").read_text())
+    assert len(local_sweep.results) == 4  # every grid point, once, finished
+    assert sorted(p.name for p in root.glob("trial-*")) == [f"trial-00{i}" for i in range(4)]
+    summary = (root / "summary.md").read_text()
+    assert summary.count("| finished |") == 4 and "4 of 4 trials (4 complete)" in summary
+    best = min(local_sweep.results, key=local_sweep.results.get)
+    cfg = load_config(root / "best.yaml")
+    assert (("model.fno.width", cfg.model.fno.width), ("train.lr", cfg.train.lr)) == best
+    assert cfg.run.name == "grid-best" and cfg.run.runs_dir == str(root.parent)
+    assert (root / "plots" / "by_parameter.png").exists() and (root / "plots" / "over_trials.png").exists()
+
+    again = run_cli(*local_sweep.args, env=ONE_THREAD, timeout=300)  # a finished sweep: nothing runs or is added
+    assert again.returncode == 0 and "4 finished before" in again.stderr and len(trials(root)) == 4
+    assert "started" not in again.stderr
+
+
+# The grid runs 3e-3 first, then 0.3 (Optuna's grid order for seed 1), which diverges: its first validation is
+# orders of magnitude worse than the first trial's at that step.
+PRUNING = """\
+sampler: grid
+seed: 1
+pruner: median
+prune_after_trials: 1
+space:
+  train.lr: [3.0e-3, 0.3]
+"""
+
+
+def test_a_trial_worse_than_the_others_at_the_same_step_is_pruned_with_its_step_and_score(tmp_path):
+    args = sweep_args(tmp_path, space_file(tmp_path, PRUNING, "pruning"), "pruning")
+    proc = run_cli(*args, env=ONE_THREAD, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    root = tmp_path / "runs" / "pruning"
+    by_number = {t.number: t for t in trials(root)}
+    assert [by_number[i].params["train.lr"] for i in range(2)] == [3e-3, 0.3]
+    finished = by_number[0]
+    assert finished.state == TrialState.COMPLETE and finished.user_attrs["steps"] == 20
+    worst = by_number[1]
+    assert worst.state == TrialState.PRUNED, (worst.state, worst.intermediate_values)
+    step, score = worst.user_attrs["pruned_at_step"], worst.user_attrs["pruned_score"]
+    assert worst.intermediate_values[step] == score > finished.intermediate_values[step]
+    assert worst.user_attrs["steps"] < 20  # it stopped early
+    assert f"trial-001 pruned at step {step}" in proc.stderr
+    assert proc.stderr.count("started (") == 2 and "trial-000 finished in" in proc.stderr
+    assert f"| pruned at step {step} |" in (root / "summary.md").read_text()
