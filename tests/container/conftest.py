@@ -1,7 +1,8 @@
 """Fixtures of the container tests: a real Docker engine, the image built from a local base, compose files.
 
 Without an engine (or without the local base image, which no registry can provide here) every test skips and
-says why; CI provisions both with scripts/ci/provision-docker.sh.
+says why; CI provisions both with scripts/ci/provision-docker.sh, in the background while the other tiers run
+(these tests run last and wait for it).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import functools
 import os
 import shutil
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,10 @@ from tests.helpers import REPO
 BASE_IMAGE = os.environ.get("TRAIN_BASE_IMAGE", "train-base:cpu-torch2.13.0")
 IMAGE = os.environ.get("TRAIN_TEST_IMAGE", "train:test")
 PROVISION = REPO / "scripts" / "ci" / "provision-docker.sh"
+# .ci/run provisions Docker in the background and writes the script's exit code to this file when it ends (its
+# output beside it, in <file>.log).
+PROVISIONING = os.environ.get("TRAIN_DOCKER_PROVISIONING")
+PROVISIONING_TIMEOUT_S = 3600
 
 
 def unavailable(reason: str):
@@ -32,7 +39,24 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def compose_v2() -> None:
+def provisioned() -> None:
+    """Where Docker is being provisioned in the background (CI), its end: the tests need the engine and base."""
+    if not PROVISIONING:
+        return
+    status = Path(PROVISIONING)
+    deadline = time.monotonic() + PROVISIONING_TIMEOUT_S
+    while not status.exists():
+        assert time.monotonic() < deadline, f"Docker's provisioning wrote no {status} in {PROVISIONING_TIMEOUT_S} s"
+        time.sleep(2)
+    code = status.read_text().strip()
+    if code != "0":
+        log = Path(f"{status}.log")
+        tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
+        pytest.fail(f"provisioning Docker failed (exit {code}; {log}):\n{tail}")
+
+
+@pytest.fixture(scope="session")
+def compose_v2(provisioned) -> None:
     """The compose binary (v2): needed to validate and run compose.yaml, with or without an engine."""
     found = shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True)
     if not found or found.returncode or b"v2." not in found.stdout:
