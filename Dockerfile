@@ -35,7 +35,8 @@ WORKDIR /app
 # Dependencies first, in their own layer: changing the source does not reinstall them. The venv sees the base
 # image's packages (a .pth file naming the base's site-packages: --system-site-packages alone misses them when
 # the base's python is itself a venv), and a constraint pins torch to exactly the base's build, so pip can never
-# replace it. With wheels in wheels/, nothing is fetched from an index.
+# replace it. With wheels in wheels/, nothing is fetched from an index. (The test for them is no `find | grep -q`:
+# under pipefail, find killed by SIGPIPE once grep has its line fails the test when the list outgrows one write.)
 COPY pyproject.toml ./
 COPY wheels/ /tmp/wheels/
 RUN python -c "import sysconfig as s; print('\n'.join(dict.fromkeys(s.get_paths()[k] for k in ('purelib', 'platlib'))))" \
@@ -45,7 +46,7 @@ RUN python -c "import sysconfig as s; print('\n'.join(dict.fromkeys(s.get_paths(
     && .venv/bin/python -c "import torch; print(f'torch=={torch.__version__}')" > /tmp/torch-constraint.txt \
     && EXTRAS="$EXTRAS" .venv/bin/python -c "import os, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + [r for e in filter(None, os.environ['EXTRAS'].split(',')) for r in p['optional-dependencies'][e.strip()]]))" > /tmp/requirements.txt \
     && echo "setuptools>=68" >> /tmp/requirements.txt \
-    && if find /tmp/wheels -name '*.whl' | grep -q .; then printf -- '--no-index\n--find-links /tmp/wheels\n' >> /tmp/requirements.txt; fi \
+    && if [ -n "$(find /tmp/wheels -name '*.whl' -print -quit)" ]; then printf -- '--no-index\n--find-links /tmp/wheels\n' >> /tmp/requirements.txt; fi \
     && .venv/bin/python -m pip install -c /tmp/torch-constraint.txt -r /tmp/requirements.txt \
     && rm -rf /tmp/wheels /tmp/requirements.txt
 

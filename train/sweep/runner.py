@@ -47,6 +47,8 @@ class Worker:
         self.study, self.base, self.slots = study, base, slots
         self.metric = study.spec.metric
         self.running: dict[int, TrialRun] = {}
+        self.stopped_outside: str | None = None
+        """A trial stopped from outside the sweep (exit 75 unasked): the sweep stops its other trials too."""
 
     def run(self, on_trial_end=None) -> None:
         """Run trials until none is left to take; ``on_trial_end()`` after each (the results are rewritten).
@@ -56,7 +58,7 @@ class Worker:
         can_claim = True
         with stop_signals_deferred() as arrived, _ctrl_c_into(arrived):
             while True:
-                if arrived:
+                if arrived or self.stopped_outside:
                     self._stop_all(arrived)
                 if can_claim and len(self.running) < len(self.slots):
                     can_claim = self._fill_slots()
@@ -127,10 +129,7 @@ class Worker:
                 return
             if code == 75:
                 if trial.stop_sent is None:  # stopped from outside: the sweep stops with it, to resume later
-                    raise StopRequested(
-                        f"{name} was stopped from outside the sweep (exit 75, its checkpoint saved): the sweep "
-                        "stops too; re-run the same command to continue"
-                    )
+                    self.stopped_outside = name
                 log.info("sweep %s: %s stopped at step %d (checkpoint saved): a later sweep resumes it",
                          self.study.name, name, trial.last_step)  # fmt: skip
                 return
@@ -156,16 +155,19 @@ class Worker:
         return f" (best so far: {trial_name(best.number)}, {best.value:.4g})"
 
     def _stop_all(self, arrived: list[int]) -> None:
-        why = signal.Signals(arrived[0]).name
+        if arrived:
+            why = f"the sweep received {signal.Signals(arrived[0]).name}"
+        else:
+            why = f"{self.stopped_outside} was stopped from outside the sweep (exit 75)"
         for trial in self.running.values():
-            trial.stop(f"the sweep received {why}")
+            trial.stop(why)
         for index, trial in list(self.running.items()):
             code = trial.wait()
             del self.running[index]
             self._conclude(trial, code)
         raise StopRequested(
-            f"the sweep received {why}: its running trials saved a checkpoint; re-run the same sweep command to "
-            "continue (finished trials are kept, stopped ones resume)"
+            f"{why}: its running trials saved a checkpoint; re-run the same sweep command to continue (finished "
+            "trials are kept, stopped ones resume)"
         )
 
 
