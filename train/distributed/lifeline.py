@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 _held: list[int] = []  # the rank's lock descriptor, open for the life of the process
 
 
-def _set_parent_death_signal(sig: int) -> None:
+def set_parent_death_signal(sig: int) -> None:
+    """Ask the kernel to send this process ``sig`` when its parent dies (Linux; elsewhere nothing)."""
     if not sys.platform.startswith("linux"):
         return
     PR_SET_PDEATHSIG = 1
@@ -32,7 +33,7 @@ def _set_parent_death_signal(sig: int) -> None:
 def hold_for_launcher(launcher_pid: int, ranks_lock: str) -> None:
     """In a rank, first thing: die with the launcher ``launcher_pid``, and hold ``ranks_lock`` (shared) while
     alive. Called once per process."""
-    _set_parent_death_signal(signal.SIGKILL)
+    set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != launcher_pid:
         os._exit(128 + signal.SIGKILL)  # the launcher died before the signal was armed: behave as if it fired
     if not _held:

@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 RANK_EXIT_GRACE_S = 15.0
 
 
-def _try_flock(fd: int, mode: int) -> bool:
+def try_flock(fd: int, mode: int) -> bool:
+    """``flock`` without waiting: False when another open file holds a conflicting lock."""
     try:
         fcntl.flock(fd, mode | fcntl.LOCK_NB)
     except OSError as e:
@@ -63,7 +64,7 @@ class RunLock:
     def __enter__(self) -> RunLock:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        if not _try_flock(fd, fcntl.LOCK_EX):
+        if not try_flock(fd, fcntl.LOCK_EX):
             os.close(fd)
             raise PreflightError(
                 f"{self.run_dir} is in use by another launch: {_describe_holder(self.path)}. Wait for it to end or "
@@ -89,7 +90,7 @@ class RunLock:
         fd = os.open(self.ranks_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             deadline = time.monotonic() + RANK_EXIT_GRACE_S
-            while not _try_flock(fd, fcntl.LOCK_EX):
+            while not try_flock(fd, fcntl.LOCK_EX):
                 if time.monotonic() > deadline:
                     raise PreflightError(
                         f"processes of an earlier launch in {self.run_dir} are still running after "

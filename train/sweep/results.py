@@ -11,7 +11,7 @@ from pathlib import Path
 from optuna.trial import FrozenTrial, TrialState
 
 from train.atomic import write_text_atomic
-from train.config import to_yaml, validate
+from train.config import parse_yaml, to_yaml, validate
 from train.obs.plots import new_figure, save_png
 from train.sweep.space import Range, SweepSpec
 from train.sweep.study import SweepStudy, trial_name
@@ -117,8 +117,6 @@ def write_results(study: SweepStudy, base_runs_dir: str, plots: bool = True) -> 
 def _write_best(study: SweepStudy, best: dict, base_runs_dir: str) -> None:
     """The best trial's config as a run of its own: named after the sweep, in the base config's runs folder."""
     source = study.root / CONFIGS / f"{best['trial']}.yaml"
-    from train.config import parse_yaml
-
     tree = parse_yaml(source.read_text(), str(source))
     run = tree["run"]
     run["runs_dir"], run["name"] = base_runs_dir, f"{study.name}-best"

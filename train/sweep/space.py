@@ -179,17 +179,16 @@ def _check_choices(where: str, key: str, choices: list, tree: dict) -> list[str]
 
 def _check_range(where: str, key: str, dim: Range, tree: dict, sampler: str, now: Any) -> list[str]:
     """``now``: the key's value in the base config (None for an optional setting that is not set)."""
+    if now is not None and (isinstance(now, bool) or not isinstance(now, int | float)):
+        kind = "text" if isinstance(now, str) else type(now).__name__
+        return [f"{where}: a range needs a numeric key, and this one holds {kind}; give a list of choices instead"]
     try:
-        held = _value_at(key, dim.low, tree) if now is None else now
+        held = _value_at(key, dim.low, tree)
     except ConfigError as e:
         return [f"{where}: low={dim.low!r} is refused by the config: {_last_line(e)}"]
     if isinstance(held, bool) or not isinstance(held, int | float):
-        kind = "text" if isinstance(held, str) else type(held).__name__
-        return [f"{where}: a range needs a numeric key, and this one holds {kind}; give a list of choices instead"]
-    try:
-        _value_at(key, dim.low, tree)
-    except ConfigError as e:
-        return [f"{where}: low={dim.low!r} is refused by the config: {_last_line(e)}"]
+        return [f"{where}: a range needs a numeric key; give a list of choices instead"]
+    held = held if now is None else now
     problems = []
     if dim.low >= dim.high:
         problems.append(f"{where}: low={dim.low} must be below high={dim.high}")

@@ -15,7 +15,6 @@ and no trial is counted twice or lost.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -29,6 +28,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 from optuna.trial import TrialState
 
+from train.launch.run_lock import try_flock
 from train.run_dir import RunDir
 from train.sweep.space import Range, SweepSpec, is_int_range
 
@@ -75,15 +75,16 @@ def distributions(spec: SweepSpec) -> dict[str, BaseDistribution]:
 
 
 def _try_flock(path: Path) -> int | None:
+    """An open descriptor holding ``path``'s exclusive lock, or None when another holds it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
+        if try_flock(fd, fcntl.LOCK_EX):
+            return fd
+    except OSError:
         os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-            return None
         raise
-    return fd
+    os.close(fd)
+    return None
 
 
 @dataclass

@@ -8,7 +8,6 @@ sweep: a sweep killed outright sends its trials SIGTERM, on which they checkpoin
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import math
@@ -22,7 +21,8 @@ from pathlib import Path
 
 from train import run_files
 from train.atomic import write_text_atomic
-from train.config import Config, validate
+from train.config import Config, to_yaml, validate
+from train.distributed.lifeline import set_parent_death_signal
 from train.errors import ConfigError
 from train.sweep.space import with_params
 from train.sweep.study import Claim, trial_name
@@ -96,7 +96,7 @@ def trial_config(base: dict, params: dict, sweep_root: Path, number: int) -> Con
 
 def _in_child(cpus: tuple[int, ...] | None) -> None:
     # The trial stops (checkpoint, exit 75) when the sweep dies, even by SIGKILL; it never trains on unseen.
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    set_parent_death_signal(signal.SIGTERM)
     if cpus is not None:
         os.sched_setaffinity(0, cpus)
 
@@ -122,8 +122,6 @@ class TrialRun:
         return self.sweep_root / LOGS / f"{self.name}.log"
 
     def start(self) -> None:
-        from train.config import to_yaml
-
         config = self.sweep_root / CONFIGS / f"{self.name}.yaml"
         config.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(config, to_yaml(self.cfg))
