@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 
 from train.atomic import atomic_path
-from train.config import flatten, migrate_model_keys
+from train.config import ModelConfig, flatten, migrate_model_keys, model_keys_in_use
 from train.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,14 @@ that normalise its inputs and targets. With CONFIG and SPECS it makes a checkpoi
 cache or config file (train.use)."""
 MODEL_SOURCE = "model_source"
 """A user factory's source: ``{"file": path, "sha256": hex}`` of the file that defines it (absent for built-ins)."""
+DATA = "data"
+"""The checksums of the source files the run was trained on when this checkpoint was written (``{task: {file:
+checksum}}``): a launch refuses to continue it on other data (train.run_data)."""
+WEIGHTS_FROM = "weights_from"
+"""With train.init_from: the checkpoint the initial weights came from, as the first launch resolved it."""
+INTEGRITY = "integrity"
+"""The checksum of every other component, written at save time (:func:`payload_digest`): a checkpoint whose
+bytes changed afterwards (bit rot, a partial copy, an edit) fails its load instead of resuming from garbage."""
 
 
 @dataclass
@@ -105,11 +114,54 @@ def state_bytes(state: Any) -> int:
     return 0
 
 
+def _digest(value: Any, h) -> None:
+    """Feed ``value`` to ``h`` in a canonical order: dict items sorted by key, each tensor as its dtype, shape
+    and bytes, every other leaf as its type and repr (what a load gives back equal, hashes equal)."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    elif isinstance(value, dict):
+        h.update(f"D{len(value)}".encode())
+        for key in sorted(value, key=lambda k: (type(k).__name__, repr(k))):
+            _digest(key, h)
+            _digest(value[key], h)
+    elif isinstance(value, list | tuple):
+        h.update(f"{type(value).__name__[0]}{len(value)}".encode())
+        for item in value:
+            _digest(item, h)
+    else:
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def payload_digest(state: dict[str, Any]) -> str:
+    """xxh3-128 of every component of ``state`` but INTEGRITY (memory speed: about a second per 10 GB)."""
+    h = xxhash.xxh3_128()
+    _digest({k: v for k, v in state.items() if k != INTEGRITY}, h)
+    return h.hexdigest()
+
+
+def sealed(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with its INTEGRITY record, as every checkpoint is written."""
+    return {**state, INTEGRITY: {"xxh3_128": payload_digest(state)}}
+
+
+def tampered(state: dict[str, Any]) -> str | None:
+    """Why a loaded ``state`` is not what was saved (its payload no longer matches the checksum written with it),
+    or None when it matches. A checkpoint written before checksums were (none recorded) is taken as it is."""
+    recorded = state.get(INTEGRITY, {}).get("xxh3_128") if isinstance(state.get(INTEGRITY), dict) else None
+    if recorded is None:
+        return None
+    now = payload_digest(state)
+    return None if now == recorded else f"its payload hashes to {now}, but {recorded} was written with it"
+
+
 def save_checkpoint(folder: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write ``state`` atomically as step_NNNNNNNN.pt, then delete all but the newest ``keep``."""
     final = folder / checkpoint_name(step)
     with atomic_path(final, needed=state_bytes(state)) as tmp:
-        torch.save(state, tmp)
+        torch.save(sealed(state), tmp)
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
     log.info("checkpoint saved: %s", final)
@@ -119,31 +171,36 @@ def save_checkpoint(folder: Path, step: int, state: dict[str, Any], keep: int) -
 def save_best(folder: Path, state: dict[str, Any]) -> Path:
     final = folder / BEST
     with atomic_path(final, needed=state_bytes(state)) as tmp:
-        torch.save(state, tmp)
+        torch.save(sealed(state), tmp)
     return final
 
 
 def load_checkpoint(path: Path, data: bytes | None = None) -> dict[str, Any]:
-    """Load with ``weights_only=True``: a checkpoint is data, never code to run. ``data``: the file's bytes,
-    received from another rank (``path`` then only names it)."""
+    """Load with ``weights_only=True`` (a checkpoint is data, never code to run) and check its payload against
+    the checksum written with it. ``data``: the file's bytes, received from another rank (``path`` then only
+    names it)."""
     try:
-        return torch.load(io.BytesIO(data) if data is not None else path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data) if data is not None else path, map_location="cpu", weights_only=True)
+        why = tampered(state) if isinstance(state, dict) else "not a dict of components"
     except Exception as e:  # any unreadable file gets the same advice
+        why = f"{type(e).__name__}: {e}"
+    if why is not None:
         raise DataError(
-            f"checkpoint {path} cannot be read ({type(e).__name__}: {e}). Re-run the same command: before the "
-            f"ranks start, the launcher moves an unreadable checkpoint into {path.parent / CORRUPT}/ (it deletes "
-            "none) and continues from the newest readable one"
+            f"checkpoint {path} cannot be used ({why}). Re-run the same command: before the ranks start, the "
+            f"launcher moves an unusable checkpoint into {path.parent / CORRUPT}/ (it deletes none) and continues "
+            "from the newest intact one"
         ) from None
+    return state
 
 
 def unreadable(path: Path) -> str | None:
-    """Why ``path`` cannot be loaded as a checkpoint, or None when it can. Memory-mapped: a truncated or
-    overwritten file fails on its archive's directory or its pickled structure without reading every tensor."""
+    """Why ``path`` cannot be used as a checkpoint, or None when it can: it must load, and its payload must
+    match the checksum written with it (memory-mapped: the tensors are read once, to hash them)."""
     try:
-        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return tampered(state) if isinstance(state, dict) else "not a dict of components"
     except Exception as e:  # every way a file can be unusable
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-    return None
 
 
 def set_aside(path: Path) -> Path:
@@ -269,6 +326,25 @@ def model_differences(
             if a != b and not (isinstance(a, list | tuple) and isinstance(b, list | tuple) and list(a) == list(b)):
                 differences.append(f"tasks.{task}.{key} ({a!r} there, {b!r} here)")
     return differences
+
+
+def check_same_model(saved: dict[str, Any], model_cfg: Any, specs: dict[str, dict], path: Path, doing: str) -> None:
+    """A ConfigError naming what differs ("model.name ('fno' there, 'transformer' here)") when ``saved`` is not a
+    checkpoint of the model ``model_cfg`` builds for ``specs``; ``doing``: what was about to happen, for the
+    message ("resume from", "evaluate")."""
+    differences = model_differences(
+        saved,
+        model_cfg.model_dump(mode="json"),
+        specs,
+        ModelConfig().model_dump(mode="json"),
+        model_keys_in_use(model_cfg.name),
+    )
+    if differences:
+        raise ConfigError(
+            f"cannot {doing} {path}: its model differs from this config in "
+            + "; ".join(differences)
+            + ". Use the checkpoint's settings, or train.resume=never to start over."
+        )
 
 
 def training_done(folder: Path, epochs: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from train.config import load_config
 from train.disk import as_disk_full
-from train.errors import ConfigError, StopRequested, TrainError
+from train.errors import ConfigError, PreflightError, StopRequested, TrainError
 from train.launch.stop import stop_on_signals
 from train.obs.log import setup_logging
 
@@ -49,6 +50,13 @@ def _nproc(value: str) -> str:
     if value.strip() == "auto" or (value.strip().isdigit() and int(value) >= 1):
         return value.strip()
     raise argparse.ArgumentTypeError(f"{value!r} is not a process count: use auto or a number >= 1 (NPROC=2)")
+
+
+def _positive(value: str) -> int:
+    """--steps, --batch-size: a usage error (exit 2) unless a whole number >= 1."""
+    if value.strip().isdigit() and int(value) >= 1:
+        return int(value)
+    raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 1")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -97,6 +105,9 @@ def _sweep_command(sub) -> None:
                    help="override a value of the base config (repeatable)")  # fmt: skip
     c.add_argument("--slurm", action="store_true", help="render the SLURM job array (runs/<sweep>/sweep.sbatch)")
     c.add_argument("--output", "-o", help="with --slurm: write the sbatch file here")
+    c.add_argument(
+        "--retry-failed", action="store_true", help="run the trials that failed again, with their parameters"
+    )
     c.add_argument("--array-task", action="store_true", help=argparse.SUPPRESS)  # what each array task runs
 
 
@@ -104,6 +115,10 @@ def _sweep(args: argparse.Namespace) -> None:
     from train.sweep.driver import open_sweep, run_sweep, write_array
 
     study, base = open_sweep(args.config, args.overrides, args.space, args.name)
+    if args.retry_failed:
+        retried = study.retry_failed()
+        log.info("sweep %s: %s", study.name, f"failed trial(s) {', '.join(map(str, retried))} run again with their "
+                 "parameters, as new trials" if retried else "no failed trial to run again")  # fmt: skip
     if args.slurm:
         write_array(study, base, args.config, args.overrides, args.space, args.output)
     else:
@@ -118,13 +133,19 @@ def _using_commands(sub) -> None:
         c.add_argument("--checkpoint", default="best", help="best (default), latest, or a checkpoint path")
         c.add_argument("--task", help="the task to use; default: the only one (predict: the one the input fits)")
         c.add_argument("--output", "-o", help="the file to write" + (" (required)" if name == "predict" else ""))
+        c.add_argument("--factory", help="where a model of your own lives now (file.py:function), if it moved")
         if name == "predict":
             c.add_argument("--input", "-i", required=True, help="an HDF5 file in a layout the task reads")
-            c.add_argument("--steps", type=int, help="frames to predict (default: to the input's last frame)")
+            c.add_argument("--steps", type=_positive, help="frames to predict (default: to the input's last frame)")
             c.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
-            c.add_argument("--batch-size", type=int, default=64, help="trajectories per forward (default 64)")
+            c.add_argument("--batch-size", type=_positive, default=64, help="trajectories per forward (default 64)")
         else:
             c.add_argument("--format", choices=("onnx", "torchscript"), default="onnx", help="default: onnx")
+            c.add_argument(
+                "--accept-changed-model-source",
+                action="store_true",
+                help="export a model of your own whose file changed since training, as it is now",
+            )
 
 
 def _use(args: argparse.Namespace) -> None:
@@ -135,7 +156,7 @@ def _use(args: argparse.Namespace) -> None:
             raise ConfigError("predict needs --output FILE, the HDF5 file to write the predictions to")
         scores = predict_file(
             args.run, Path(args.input), Path(args.output), args.steps, args.checkpoint, args.task, args.device,
-            args.batch_size,
+            args.batch_size, args.factory,
         )  # fmt: skip
         print(f"predictions written to {args.output}")
         if scores is not None:
@@ -143,7 +164,8 @@ def _use(args: argparse.Namespace) -> None:
     else:
         from train.use.export import export_run
 
-        for path in export_run(args.run, args.format, args.output, args.checkpoint, args.task):
+        accept = args.accept_changed_model_source
+        for path in export_run(args.run, args.format, args.output, args.checkpoint, args.task, args.factory, accept):
             print(f"exported {path}")
 
 
@@ -164,10 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:
         full = as_disk_full(e, Path.cwd())  # a write no stage foresaw (a log, a record) on a full disk
-        if full is None:
-            raise
-        print(f"error: {full}", file=sys.stderr)
-        return full.exit_code
+        if full is not None:
+            print(f"error: {full}", file=sys.stderr)
+            return full.exit_code
+        if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            # A folder no stage checked: this machine's file system refuses the write, which is no bug
+            print(f"error: cannot write {e.filename or 'a file'}: {e.strerror}; point the folder that holds it at "
+                  "a writable place", file=sys.stderr)  # fmt: skip
+            return PreflightError.exit_code
+        raise
     return 0
 
 
@@ -191,7 +218,7 @@ def _dispatch(args: argparse.Namespace) -> None:
 
         write_sbatch(cfg, args.config, args.overrides, args.output)
     elif args.command == "push":
-        from train.remote.push import push_run
+        from train.launch.push import push_run
 
         push_run(cfg)
     else:

@@ -241,6 +241,18 @@ class ModelConfig(Section):
     unet: UNetConfig = UNetConfig()
     """Settings of model.name=unet."""
 
+    @pydantic.field_validator("name")
+    @classmethod
+    def _known_name(cls, name: str) -> str:
+        if name not in BUILT_IN_MODELS and ":" not in name:
+            close = difflib.get_close_matches(name.lower(), BUILT_IN_MODELS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(
+                f"{name!r} is neither a built-in model ({', '.join(BUILT_IN_MODELS)}) nor a factory "
+                f"'package.module:function' or 'path/to/file.py:function'{hint}"
+            )
+        return name
+
     @pydantic.model_validator(mode="before")
     @classmethod
     def _move_legacy_keys(cls, data: Any) -> Any:
@@ -285,6 +297,11 @@ class TrainConfig(Section):
     checkpoint was written; the saved weights are then loaded into the edited model as they are. By default such
     a resume is refused (exit 2): an edit that keeps every shape (GELU to ReLU) would otherwise continue
     silently as another model."""
+    accept_changed_data: bool = False
+    """Continue (or evaluate) a run whose checkpoints were trained on source files that have changed since (each
+    checkpoint records the checksums of the files it was trained on). By default such a launch is refused
+    (exit 3) naming the file and both checksums: a rewritten or replaced file would otherwise be trained on, and
+    scored, without a word. train.resume=never starts over on the new data instead."""
     resume: str = "auto"
     """'auto': continue from the newest complete checkpoint of this run; 'never': start over (earlier
     checkpoints are moved to checkpoints/archive-<time>/, not deleted); or the path of a checkpoint to start
@@ -409,6 +426,17 @@ class SlurmConfig(Section):
 class RunConfig(Section):
     name: str | None = None
     """Run folder name under runs_dir; default: the config file's stem."""
+
+    @pydantic.field_validator("name")
+    @classmethod
+    def _one_folder(cls, name: str | None) -> str | None:
+        if name is not None and (name.strip() in ("", ".", "..") or any(c in name for c in "/\\\0")):
+            raise ValueError(
+                f"{name!r} is not a folder name: a run is one folder under run.runs_dir, whose name holds no '/' "
+                "and is neither '.' nor '..' (run.runs_dir says where run folders go)"
+            )
+        return name
+
     runs_dir: str = "runs"
     """Where run folders (config, metrics, logs, checkpoints, report) go."""
     data_dir: str = "data"
@@ -426,6 +454,10 @@ class RunConfig(Section):
     remote_wait_s: int = Field(120, ge=0)
     """Seconds the launcher waits, when the ranks have stopped (a finished run, a stop request or a failure),
     for the newest checkpoint, the report and the logs to reach the remote, before it exits anyway."""
+    remote_lease_s: float = Field(60.0, ge=1.0)
+    """Seconds a launch's lease on the remote (``<remote>/<run name>/lease.json``) lasts without renewal; the
+    launch renews it three times as often. A second launch of the run (another box) that finds a lease renewed
+    within this time stops with exit 4; one left by a launch that died is taken over after this long."""
 
     @pydantic.field_validator("remote")
     @classmethod
@@ -487,11 +519,6 @@ class Config(Section):
     @pydantic.model_validator(mode="after")
     def _check_consistency(self) -> Config:
         name = self.model.name
-        if name not in BUILT_IN_MODELS and ":" not in name:
-            raise ValueError(
-                f"model.name={name!r} is neither a built-in model ({', '.join(BUILT_IN_MODELS)}) nor a factory "
-                "'package.module:function' or 'path/to/file.py:function'"
-            )
         if self.model.args and name in BUILT_IN_MODELS:
             raise ValueError(
                 f"model.args is only for a factory of your own; model.name={name} takes its settings from its "
@@ -671,10 +698,10 @@ def validate(tree: Any, origin: str, overrides: dict[str, str] | None = None) ->
     except pydantic.ValidationError as e:
         found = [(line, _override_of(path, overrides or {})) for path, line in _describe(e.errors())]
         if all(override for _, override in found):  # the file is fine: name the overrides alone
-            where = "--set " + ", --set ".join(dict.fromkeys(override for _, override in found))
+            where = ", ".join(dict.fromkeys(override for _, override in found))
             problems = "\n".join(f"  - {line}" for line, _ in found)
             raise ConfigError(f"{where}: invalid override of {origin}:\n{problems}") from None
-        problems = "\n".join(f"  - {line}{f' (set by --set {o})' if o else ''}" for line, o in found)
+        problems = "\n".join(f"  - {line}{f' (set by {o})' if o else ''}" for line, o in found)
         raise ConfigError(f"{origin}: invalid config:\n{problems}") from None
 
 
@@ -699,11 +726,12 @@ def load_config(path: str | Path | None, overrides: list[str] = (), run_name: st
     set_by = {}
     for override in overrides:
         apply_override(tree, override)
-        set_by[override.partition("=")[0].strip()] = override
+        set_by[override.partition("=")[0].strip()] = f"--set {override}"
     if run_name is not None:
         if not isinstance(tree.get("run", {}), dict):
             raise ConfigError(f"{origin}: 'run' must be a section")
         tree["run"] = {**tree.get("run", {}), "name": run_name}
+        set_by["run.name"] = f"--run {run_name}"
     return validate(tree, origin, set_by)
 
 
@@ -733,6 +761,7 @@ _RUNTIME_ONLY = (
     "train.num_workers",
     "train.find_unused_parameters",
     "train.accept_changed_model_source",
+    "train.accept_changed_data",
     "train.log_every",
     "train.eval_batch_size",
     "train.keep_checkpoints",

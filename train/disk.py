@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from train.errors import DiskFullError, TrainError
@@ -107,3 +108,24 @@ def reserve(path: Path | str) -> None:
             os.posix_fallocate(fd, 0, size)
     finally:
         os.close(fd)
+
+
+def unwritable(folder: Path | str) -> str | None:
+    """Why no file can be made in ``folder``, or None when one can: a real write and removal of a small probe
+    file (so permissions, read-only mounts and a full disk all show), in the folder or, while it does not exist
+    yet, in its nearest existing parent, where it would be made (nothing is created by asking)."""
+    probe = Path(folder)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, not a folder"
+    try:
+        fd, name = tempfile.mkstemp(prefix=".write-probe.", dir=probe)
+        try:
+            os.write(fd, b"probe")
+        finally:
+            os.close(fd)
+            os.unlink(name)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None

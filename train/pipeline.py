@@ -20,9 +20,11 @@ from train.config import Config
 from train.data.cache import CacheInfo, build_cache, building_caches, window_span, write_window_index
 from train.data.sources import SplitFiles, stage_data
 from train.engine.objective import target_frames
-from train.errors import ConfigError, DataError, TrainError
-from train.launch.doctor import check_shm_at_launch, doctor
+from train.errors import ConfigError, DataError, PreflightError, TrainError
+from train.launch.continuity import check_same_data, initial_weights
+from train.launch.doctor import check_shm_at_launch, doctor, require_writable_folders
 from train.launch.plan import CheckpointRef, LaunchPlan
+from train.launch.push import catch_up
 from train.launch.session import LaunchSession, launch_session
 from train.launch.torchrun import launch, resolve_nproc
 from train.launch.watchers import watched_launch
@@ -33,11 +35,10 @@ from train.model.multitask import check_specs
 from train.model.specs import task_spec
 from train.obs.report import read_summary, report_is_current
 from train.obs.tracking import check_tracking
-from train.remote.push import catch_up
+from train.remote.lease import RemoteLease
 from train.remote.restore import check_remote_config, restore_run
-from train.remote.store import open_remote
+from train.remote.store import Remote, open_remote
 from train.run_dir import RunDir
-from train.use.surrogate import resolve_initial_weights
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,8 @@ def run_stages(
     /dev/shm check again once the caches are known. Commands that start ranks hold the run folder (and, across
     nodes, meet the other launchers) from their first stage to their last.
     """
+    if not dry_run:
+        require_writable_folders(cfg, command)
     if command in ("data", "cache") or dry_run:
         sources = stage_data(cfg, dry_run=dry_run, b2_api=b2_api)
         if command == "cache" and not dry_run:
@@ -131,17 +134,36 @@ def _launch_stages(
         doctor(cfg, nproc, quiet=True, data=False, rendezvous_held=session.hosts_rendezvous)
     run = RunDir.of(cfg)
     remote = open_remote(cfg.run.remote, run.root.name, b2_api, run.root) if cfg.run.remote else None
-    if remote is not None and session.leads:
-        check_remote_config(cfg, remote)  # another run's remote is never written to, whatever train.resume says
+    if remote is None or not session.leads:
+        return _stages(cfg, command, nproc, session, run, remote, None, b2_api=b2_api, preflight=preflight)
+    check_remote_config(cfg, remote)  # another run's remote is never written to, whatever train.resume says
+    with RemoteLease(remote, cfg.run.remote_lease_s) as lease:  # one launch of the run at a time, on any box
         if cfg.train.resume != "never":
-            restore_run(cfg, run, remote)  # a new machine: the run continues from its remote copy
+            restore_run(cfg, run, remote)  # a new machine, or unusable local checkpoints: the remote's copy
+        return _stages(cfg, command, nproc, session, run, remote, lease, b2_api=b2_api, preflight=preflight)
+
+
+def _stages(
+    cfg: Config,
+    command: str,
+    nproc: str | int | None,
+    session: LaunchSession,
+    run: RunDir,
+    remote: Remote | None,
+    lease: RemoteLease | None,
+    *,
+    b2_api,
+    preflight: bool,
+) -> Path:
     session.between_stages()
     sources = stage_data(cfg, b2_api=b2_api)
     session.between_stages()
     folders = stage_cache(cfg, sources)
     session.between_stages()
+    infos = {name: CacheInfo.load(Path(f["cache"])) for name, f in folders.items()}
+    check_same_data(cfg, run, infos)  # the checkpoints were trained on these files, or the launch stops
     run.prepare(cfg)
-    weights_from = resolve_initial_weights(cfg, b2_api) if command in ("run", "fit") else run_weights_from(run)
+    weights_from = initial_weights(cfg, run, command, b2_api)
     run.write_inputs(folders, {name: files.provenance for name, files in sources.items()}, weights_from)
     plan = None
     if session.leads:
@@ -149,7 +171,7 @@ def _launch_stages(
         run.write_node_token(plan.token)
     n = resolve_nproc(nproc, cfg)
     if preflight:
-        check_shm_at_launch(cfg, n, {name: CacheInfo.load(Path(f["cache"])) for name, f in folders.items()})
+        check_shm_at_launch(cfg, n, infos)
     plan = session.ready_to_launch(plan)
     assert plan is not None, "node 0 posts a plan before it posts that it is ready"
     node_local = not session.leads and run.read_node_token() != plan.token
@@ -161,16 +183,19 @@ def _launch_stages(
             "this node's own (node 0 holds the run's checkpoints, metrics and report; this node keeps its ranks' "
             "logs)" if node_local else "node 0's too (one shared file system)",
         )  # fmt: skip
-    if not plan.stages and remote is not None and session.leads:
-        catch_up(cfg, run, remote)  # a remote that fell behind in an earlier launch gets what it lacks
     error = None
+    if not plan.stages and remote is not None and session.leads:
+        # A remote that fell behind in an earlier launch gets what it lacks.
+        error = remote_behind(remote, run, catch_up(cfg, run, remote, lease))
     if plan.stages:
         try:
-            with watched_launch(cfg, run, remote, node_local=node_local):
+            with watched_launch(cfg, run, remote, node_local=node_local, lease=lease) as mirror:
                 sha1 = plan.resume.sha1 if plan.resume else None
                 launch(run, n, cfg, ["--stages", ",".join(plan.stages)], address=session.address, resume_sha1=sha1)
         except TrainError as e:
             error = e
+        if error is None and mirror is not None and session.leads:
+            error = remote_behind(remote, run, mirror.complete)
     session.conclude(error)
     if command in ("run", "evaluate") and session.leads:
         for name, r in read_summary(run.root).items():
@@ -179,12 +204,16 @@ def _launch_stages(
     return run.root
 
 
-def run_weights_from(run: RunDir) -> dict | None:
-    """What an earlier launch recorded of the initial weights (an evaluation keeps it in inputs.json)."""
-    try:
-        return run.weights_from()
-    except (OSError, ValueError):
+def remote_behind(remote: Remote, run: RunDir, complete: bool | None) -> PreflightError | None:
+    """A launch whose training ended well but whose remote lacks part of it fails (exit 4): on a rented box
+    that is given back after the job, what the remote lacks is lost, so a scheduler must not see success."""
+    if complete is not False:
         return None
+    return PreflightError(
+        f"remote: {remote.url} does not hold all of {run.root} (the warnings above say what is missing and why); "
+        "nothing is lost here: re-run the same command, or `python -m train push`, once the remote can be reached, "
+        "before this machine goes"
+    )
 
 
 def plan_launch(cfg: Config, command: str, run: RunDir) -> LaunchPlan:
@@ -195,10 +224,10 @@ def plan_launch(cfg: Config, command: str, run: RunDir) -> LaunchPlan:
         moved = set_aside_unreadable(run.checkpoints)  # resume or score the newest readable checkpoint, not stop
         steps_moved = [p for p in moved if checkpoint_step(p.name.rsplit(".", 1)[0]) is not None]
         if steps_moved and not list_checkpoints(run.checkpoints):
+            where = "" if cfg.run.remote is None else f", nor could run.remote={cfg.run.remote} give an intact one"
             raise DataError(
-                f"every checkpoint in {run.checkpoints} is unreadable (moved to {steps_moved[0].parent}/); nothing "
-                "is trained over them. Put an intact copy back (with run.remote, the remote keeps them: remove the "
-                "local checkpoints folder and re-run to fetch one), or start over with train.resume=never"
+                f"every checkpoint in {run.checkpoints} is unreadable (moved to {steps_moved[0].parent}/){where}; "
+                "nothing is trained over them. Put an intact copy back, or start over with train.resume=never"
             )
     if command in ("run", "fit"):
         if cfg.train.resume == "never":

@@ -16,7 +16,7 @@ from train.distributed.collectives import peer_lost
 from train.distributed.env import DistEnv, destroy_distributed, init_distributed, rank_from_environ
 from train.distributed.error_file import record_error
 from train.distributed.lifeline import hold_for_launcher
-from train.errors import DistributedError, TrainError
+from train.errors import DataError, DistributedError, TrainError
 from train.obs.log import setup_logging
 from train.run_dir import LaunchRecord, RunDir, rank_arguments
 
@@ -65,6 +65,9 @@ def run_rank(
         full = as_disk_full(e, run.root)  # a write anywhere (metrics, logs, the report) on a full disk
         if full is not None:
             return _failed(full)
+        changed = run.changed_mapped_sources() if "bus error" in str(e).lower() else []
+        if changed:  # a DataLoader worker's SIGBUS, which PyTorch blames on shared memory
+            return _failed(DataError(f"a data file read through a memory map changed under it: {'; '.join(changed)}"))
         lost = peer_lost(e)
         if lost is not None:  # a consequence, not this rank's bug: the launcher names the node that went away
             return _failed(DistributedError(f"a peer rank went away during a collective ({lost})"))

@@ -37,7 +37,7 @@ from train.atomic import write_json_atomic, write_text_atomic
 from train.checkpoint import training_done
 from train.config import Config, load_config, to_yaml, training_differences
 from train.data.cache import MANIFEST as CACHE_MANIFEST
-from train.data.cache import CacheInfo
+from train.data.cache import CacheInfo, changed_mapped_sources
 from train.data.dataset import LatentInfo
 from train.data.sources import Provenance
 from train.errors import ConfigError, DataError
@@ -213,6 +213,14 @@ class RunDir:
             outputs = task.well.n_steps_output if task.well is not None else 1
             tasks.append(TaskData(name, info, task_spec(info, task), latent, window_outputs=outputs))
         return tasks
+
+    def changed_mapped_sources(self) -> list[str]:
+        """The data files this run's caches map in place that changed since (train.data.cache)."""
+        try:
+            inputs = json.loads(self.inputs.read_text())
+        except (OSError, ValueError):
+            return []
+        return [c for task in inputs.values() for c in changed_mapped_sources(Path(task["cache"]))]
 
     def weights_from(self) -> dict | None:
         """The checkpoint train.init_from resolved to (as the launcher recorded it), or None."""

@@ -172,6 +172,31 @@ def _check_time_limit(s: SlurmConfig) -> None:
     )
 
 
+STOP_MARGIN_S = 30
+"""Seconds beyond the ranks' stop and the remote's final uploads that a stop signal must leave before the time
+limit: the launcher's own start of the stop and the scheduler's latency."""
+
+
+def _check_stop_window(cfg: Config) -> None:
+    """The warning before the time limit (slurm.preempt_signal_s) must leave the ranks time to stop with a
+    checkpoint (dist.shutdown_timeout_s) and, with run.remote, the launcher time to upload it (run.remote_wait_s):
+    otherwise SLURM kills the job at its limit while the checkpoint is being written or sent."""
+    s, need = cfg.slurm, cfg.dist.shutdown_timeout_s + STOP_MARGIN_S
+    parts = [f"dist.shutdown_timeout_s={cfg.dist.shutdown_timeout_s} for the ranks to checkpoint"]
+    if cfg.run.remote:
+        need += cfg.run.remote_wait_s
+        parts.append(f"run.remote_wait_s={cfg.run.remote_wait_s} to send it to run.remote")
+    if s.preempt_signal_s >= need:
+        return
+    raise ConfigError(
+        f"slurm.preempt_signal_s={s.preempt_signal_s} leaves too little time after the stop signal: "
+        + " and ".join(parts)
+        + f", plus {STOP_MARGIN_S} s, need {need} s before SLURM kills the job at slurm.time; with less, the "
+        "checkpoint of a time-limited job may never be written or reach the remote. Raise slurm.preempt_signal_s to "
+        f"at least {need}, or lower dist.shutdown_timeout_s" + (" or run.remote_wait_s" if cfg.run.remote else "")
+    )
+
+
 def _hms(seconds: int) -> str:
     minutes = -(-seconds // 60)
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
@@ -191,6 +216,7 @@ def _cpus_per_task(cfg: Config) -> int:
 def _directives(cfg: Config, array: ArrayJob | None = None) -> list[str]:
     s = cfg.slurm
     _check_time_limit(s)
+    _check_stop_window(cfg)
     name = _sbatch_value("sweep name", array.name) if array else _sbatch_value("run.name", cfg.run.name)
     options = [
         f"--job-name={name}",

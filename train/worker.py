@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from train.checkpoint import MODEL, checkpoint_for_evaluation, load_model_state
+from train.checkpoint import MODEL, check_same_model, checkpoint_for_evaluation, load_model_state
 from train.config import Config
 from train.distributed.env import DistEnv
 from train.distributed.error_file import record
@@ -34,6 +34,7 @@ def evaluate(cfg: Config, env: DistEnv, tasks: list[TaskData], run: RunDir) -> N
     path, saved = shared_checkpoint(env, run.checkpoints, lambda: checkpoint_for_evaluation(run.checkpoints))
     if path is None or saved is None:
         raise DataError(f"no checkpoint in {run.checkpoints} to evaluate; train first (python -m train fit)")
+    check_same_model(saved, cfg.model, {t.name: t.spec.as_dict() for t in tasks}, path, "evaluate")
     model = initial_model(cfg, tasks, env.device)
     load_model_state(model, saved[MODEL], path)
     results = evaluate_split(model, tasks, env, "test", cfg.train.eval_batch_size)

@@ -110,3 +110,79 @@ def test_data_generation_on_a_full_disk_ends_with_exit_4(tmp_path):
     assert "Traceback" not in result["stderr"]
     assert not any(name.endswith(".hdf5") for name in result["files"]), "a half-written file under its final name"
     no_partial_files(result["files"])
+
+
+def test_a_disk_full_for_seconds_under_tensorboards_writer_ends_training_with_exit_4_and_never_hangs(tmp_path):
+    """TensorBoard's writer thread died on a full disk and the next add_scalar blocked forever on its queue: the
+    step never ended and the stop flag was never read (3 of 5 tries of a 3-second outage). The disk that fills
+    here is the TensorBoard folder's alone, so no other write meets it first; every sink now writes in the step."""
+    runs = tmp_path / "runs"
+    events = runs / "tiny" / "tensorboard"
+    events.mkdir(parents=True)
+    args = [*settings(tmp_path), "--set=train.steps_per_epoch=600", "--set=train.log_every=1",
+            "--set=train.checkpoint_every=100", "--skip-doctor"]  # fmt: skip
+    assert run_cli("cache", *args[:-1]).returncode == 0  # data and caches on the host's disk
+    metrics = runs / "tiny" / "metrics.jsonl"
+    (result,) = probe(events, "8m", [["outage", str(events), str(metrics), "120", "3", "120", "fit", *args]])
+    assert result["full_at_step"] >= 120, result
+    assert result["returncode"] == 4, result["stderr"]  # None: it hung past the timeout
+    assert re.search(rf"disk full: writing {events}/events\.out\.tfevents\.\S+ needs", result["stderr"]), result[
+        "stderr"
+    ]
+    assert (runs / "tiny" / "checkpoints" / "step_00000100.pt").is_file(), "the checkpoint before it stays"
+
+
+def test_a_launch_that_leaves_its_remote_behind_exits_4_not_0(tmp_path):
+    """Training succeeded but the remote (a full disk) lacks its checkpoints: exit 0 with warnings let a scheduler
+    give the box back, and with it the only copy. Now exit 4, the run intact locally, and a re-run sends the rest."""
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    args = [*settings(tmp_path), f"--set=run.remote={remote}", "--set=run.remote_wait_s=5"]
+    assert run_cli("cache", *args).returncode == 0
+    (behind,) = probe(remote, "64k", [["train", "run", *args]])  # room for the config, not for a checkpoint
+    assert behind["returncode"] == 4, behind["stderr"]
+    said = behind["stderr"]
+    assert re.search(rf"error: remote: {remote}/tiny does not hold all of {tmp_path}/runs/tiny \(the warnings above "
+                     r"say what is missing and why\); nothing is lost here", said), said  # fmt: skip
+    assert re.search(r"lacks step_00000010\.pt \((its last upload|not sent: the uploads before it) failed.*the "
+                     r"remote's disk is full", said), said  # fmt: skip
+    assert (tmp_path / "runs" / "tiny" / "report" / "summary.json").is_file()
+    caught_up = run_cli("run", *args)  # the remote has room again (the tmpfs is gone with its namespace)
+    assert caught_up.returncode == 0 and "launching" not in caught_up.stderr, caught_up.stderr[-3000:]
+
+
+def test_a_folder_this_machine_cannot_write_is_exit_4_naming_its_setting(tmp_path):
+    """A read-only run.data_dir, run.cache_dir or run.runs_dir was exit 1 with an OSError traceback while the
+    doctor said PASS; predict's --output there was found only after every prediction was computed."""
+    import h5py
+    import numpy as np
+
+    from tests.unit.test_use import ADV, _checkpoint
+    from train.config import to_yaml
+
+    ro = tmp_path / "ro"  # a read-only file system in the namespace
+    ro.mkdir()
+    source, _, cfg = _checkpoint(tmp_path, "fno", {"adv": ADV})
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    source.rename(run / "checkpoints" / "best.pt")
+    with h5py.File(tmp_path / "adv.h5", "w") as f:
+        f["tensor"] = np.zeros((2, 8, 32), np.float32)
+    predict = ["predict", "--run", str(run), "--input", str(tmp_path / "adv.h5")]
+    steps = [
+        ["train", "run", *settings(tmp_path, **{name: ro / name})] for name in ("data_dir", "cache_dir", "runs_dir")
+    ]
+    steps += [["train", "doctor", *settings(tmp_path, cache_dir=ro / "cache")]]
+    steps += [["train", *predict, "--output", str(ro / "pred.h5")]]
+    steps += [["train", *predict, "--output", str(tmp_path / "p.h5"), "--batch-size", "0"]]
+    results = probe(ro, "1m,ro", steps)
+    for name, result in zip(("data_dir", "cache_dir", "runs_dir"), results, strict=False):
+        assert result["returncode"] == 4, result["stderr"]
+        assert f"error: cannot write run.{name}={ro / name}: Read-only file system" in result["stderr"]
+        assert "Traceback" not in result["stderr"]
+    doctor, unwritable, zero = results[3:]
+    assert doctor["returncode"] == 4 and re.search(r"FAIL\s+folders\s+cannot write run\.cache_dir=", doctor["stdout"])
+    assert unwritable["returncode"] == 4, unwritable["stderr"]
+    assert f"--output {ro / 'pred.h5'}: cannot write in {ro} (Read-only file system)" in unwritable["stderr"]
+    assert zero["returncode"] == 2 and "argument --batch-size: '0' is not a whole number >= 1" in zero["stderr"]

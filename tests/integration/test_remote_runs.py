@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import threading
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.b2sim import SENTINEL_KEY, Account
-from tests.helpers import REPO, folders, run_cli, wait_for
+from tests.helpers import REPO, folders, launch_in_background, run_cli, wait_for
 from tests.integration.test_faults import assert_bitwise_equal, final_weights, fit_argv, start, wait_for_step
 from train.checkpoint import checkpoint_name, latest_checkpoint
 from train.config import load_config
@@ -25,7 +26,7 @@ from train.launch.stop import stop_on_signals
 from train.obs.sinks import read_metrics
 from train.pipeline import run_stages
 from train.remote import mirror as mirror_module
-from train.remote.mirror import read_pointer
+from train.remote.pointer import read_pointer
 from train.remote.store import open_remote, sha1_of
 
 pytestmark = pytest.mark.integration
@@ -88,11 +89,13 @@ def test_b2_mirror_survives_failing_uploads_and_a_corrupt_checkpoint_is_never_re
     monkeypatch.setattr(mirror_module, "BACKOFF_S", 0.01)
     monkeypatch.setattr(mirror_module, "POLL_S", 0.05)
     account.sim.MIN_PART_SIZE = 100_000  # checkpoints still go up in parts, a few of them (B2's is 5 MB)
-    # The first uploads fail (whichever file they carry): training must not notice, a later upload gets through.
+    # The first uploads fail (whichever file they carry: the lease's claim, then the mirror's first file, tried
+    # ATTEMPTS times): training must not notice, a later upload gets through. No renewal of the lease in between.
     from b2sdk.v2 import exception as b2_exception
 
-    account.sim.set_upload_errors([b2_exception.StorageCapExceeded() for _ in range(mirror_module.ATTEMPTS)])
+    account.sim.set_upload_errors([b2_exception.StorageCapExceeded() for _ in range(mirror_module.ATTEMPTS + 1)])
     cfg = in_process_config(tmp_path, "b2://pdebench/runs")
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"remote_lease_s": 600.0})})
     run_dir = tmp_path / "runs" / "run"
     at = random.Random().randrange(20, 80)  # the stop also waits for a checkpoint on the remote
 
@@ -114,6 +117,7 @@ def test_b2_mirror_survives_failing_uploads_and_a_corrupt_checkpoint_is_never_re
 
     failed = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("event") == "remote_upload_failed"]
     assert failed and "storage cap" in failed[0]["error"].lower(), failed
+    assert "could not claim b2://pdebench/runs/run/lease.json" in caplog.text and "the launch goes on" in caplog.text
     pointer = read_pointer(remote)
     local = latest_checkpoint(run_dir / "checkpoints")
     assert pointer["checkpoint"] == local.name and pointer["kept"][0]["sha1"] == sha1_of(local)
@@ -186,3 +190,35 @@ def test_a_remote_that_fell_behind_catches_up_by_push_and_by_any_relaunch(tmp_pa
         assert (remote / "tiny" / "report" / "summary.json").is_file() and (remote / "tiny" / "metrics.jsonl").is_file()
     nowhere = run_cli("push", "--config", "configs/tiny.yaml", *folders(tmp_path))
     assert nowhere.returncode == 2 and "push needs run.remote" in nowhere.stderr
+
+
+def test_one_run_is_written_to_its_remote_by_one_launch_at_a_time(tmp_path):
+    """push during a launch deleted the launch's staging folder and silently stopped its mirror; a second box's
+    launch of the run pruned the first's checkpoints and moved the pointer back to its own older step."""
+    remote = tmp_path / "shared"
+    run = ["--set", f"run.remote={remote}", "--set", "run.remote_lease_s=3", "--set", "train.epochs=1",
+           "--set", "train.steps_per_epoch=5000", "--set", "train.checkpoint_every=20"]  # fmt: skip
+    box_a, box_b = tmp_path / "a", tmp_path / "b"
+    a = launch_in_background("fit", "--config", "configs/tiny.yaml", *run, *folders(box_a))
+    store = open_remote(str(remote), "tiny")
+    wait_for(lambda: (read_pointer(store) or {}).get("checkpoint"), "box A's first checkpoint on the remote", 240, a)
+
+    pushed = run_cli("push", "--config", "configs/tiny.yaml", *run, *folders(box_a))
+    assert pushed.returncode == 4 and "is in use by another launch" in pushed.stderr, pushed.stderr[-3000:]
+    second = run_cli("fit", "--config", "configs/tiny.yaml", *run, *folders(box_b))
+    assert second.returncode == 4, second.stderr[-3000:]
+    assert re.search(r"is in use by another launch of this run: launch \w+ on host \S+ \(pid \d+", second.stderr)
+    assert not list((box_b / "runs" / "tiny" / "checkpoints").glob("*.pt")), "box B restored nothing"
+    assert json.loads((remote / "tiny" / "lease.json").read_text())["pid"] == a.pid, "box A's lease is intact"
+
+    os.killpg(a.pid, signal.SIGTERM)
+    _, err = a.communicate(timeout=300)
+    assert a.returncode == 75, err[-3000:]
+    stopped_at = latest_checkpoint(box_a / "runs" / "tiny" / "checkpoints").name
+    assert read_pointer(store)["checkpoint"] == stopped_at, "box A's mirror went on to the end"
+    assert f"remote: {store.url} holds the run up to {stopped_at}, verified" in err
+    assert not (remote / "tiny" / "lease.json").exists(), "released when box A's launch ended"
+    taken = run_cli("evaluate", "--config", "configs/tiny.yaml", *run, *folders(box_b))  # box B takes the run over
+    assert taken.returncode == 0, taken.stderr[-3000:]
+    assert f"remote: resuming from {stopped_at}, fetched from {store.url}" in taken.stderr
+    assert (remote / "tiny" / "report" / "summary.json").is_file() and read_pointer(store)["checkpoint"] == stopped_at

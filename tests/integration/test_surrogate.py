@@ -148,6 +148,7 @@ def test_predict_refuses_data_the_model_was_not_trained_on(trained, tmp_path):
 
 
 def _fine_tune_argv(trained: Path, tmp: Path, run: str, command: str = "fit") -> list[str]:
+    """``trained``: the run folder (or a checkpoint file) train.init_from names."""
     return [
         command, "--config", "configs/tiny.yaml", "--nproc", "1", "--run", run, *FNO, *folders(tmp),
         "--set", "tasks.advection1d.coefficient=0.4", "--set", f"train.init_from={trained}",
@@ -171,9 +172,13 @@ def test_fine_tuning_starts_from_the_runs_weights_and_resumes_bitwise_after_a_si
     assert inputs["advection1d"]["weights_from"]["source"] == str(trained)
     assert f"Fine-tuned: the initial weights came from `{trained}`" in (ref_dir / "report" / "summary.md").read_text()
 
+    # The source is a copy of the same checkpoint, which goes away once the fine-tuned run has checkpoints of its
+    # own: a relaunch resumes from them without the source, and keeps the first launch's record of it.
+    source = tmp_path / "source.pt"
+    shutil.copy(trained / "checkpoints" / "best.pt", source)
     at = random.Random().randrange(8, 50)
     print(f"SIGKILL to the whole job at step {at}")
-    argv = [sys.executable, "-m", "train", *_fine_tune_argv(trained, tmp_path, "killed")]
+    argv = [sys.executable, "-m", "train", *_fine_tune_argv(source, tmp_path, "killed")]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     metrics = tmp_path / "runs" / "killed" / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -183,8 +188,12 @@ def test_fine_tuning_starts_from_the_runs_weights_and_resumes_bitwise_after_a_si
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
-    again = run_cli(*_fine_tune_argv(trained, tmp_path, "killed"), timeout=600)
+    first = json.loads((tmp_path / "runs" / "killed" / "inputs.json").read_text())["advection1d"]["weights_from"]
+    source.unlink()
+    again = run_cli(*_fine_tune_argv(source, tmp_path, "killed"), timeout=600)
     assert again.returncode == 0, again.stderr[-4000:]
+    kept = json.loads((tmp_path / "runs" / "killed" / "inputs.json").read_text())["advection1d"]["weights_from"]
+    assert kept == first and kept["sha256"] == inputs["advection1d"]["weights_from"]["sha256"]
     resumed = (tmp_path / "runs" / "killed" / "logs" / "rank0.log").read_text()
     assert "resumed from" in resumed
     weights = load_checkpoint(latest_checkpoint(tmp_path / "runs" / "killed" / "checkpoints"))["model"]
@@ -225,13 +234,13 @@ def test_the_example_script_runs_on_the_run(trained):
 
 
 def test_a_checkpoint_from_before_task_cards_loads_from_its_run_folder(trained, tmp_path):
-    from train.checkpoint import TASK_CARDS
+    from train.checkpoint import INTEGRITY, TASK_CARDS
     from train.use.surrogate import Surrogate
 
     old = tmp_path / "old"
     shutil.copytree(trained, old)
     state = torch.load(old / "checkpoints" / "best.pt", weights_only=True)
-    del state[TASK_CARDS]
+    del state[TASK_CARDS], state[INTEGRITY]  # as checkpoints were written before either
     torch.save(state, old / "checkpoints" / "best.pt")
     x = np.random.default_rng(0).normal(size=(2, 4, 64, 1)).astype(np.float32)
     np.testing.assert_array_equal(Surrogate.load(old).predict("advection1d", x),

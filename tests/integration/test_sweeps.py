@@ -64,3 +64,48 @@ def test_a_trial_worse_than_the_others_at_the_same_step_is_pruned_with_its_step_
     assert f"trial-001 pruned at step {step}" in proc.stderr
     assert proc.stderr.count("started (") == 2 and "trial-000 finished in" in proc.stderr
     assert f"| pruned at step {step} |" in (root / "summary.md").read_text()
+
+
+MACHINE = """\
+sampler: grid
+pruner: none
+space:
+  tasks.advection1d.initial_step: [4, 30]
+"""
+
+
+def test_a_trial_the_machine_failed_stops_the_sweep_with_its_code_and_resumes_and_failed_ones_run_again(tmp_path):
+    """A trial that ended 4 (here: its run folder in use; a full disk, the doctor and 5 or 128+N alike) was counted
+    as failed: a 20-second full disk failed every trial, and once it was freed the same command ran nothing and
+    exited 1. initial_step=30 leaves nothing to predict in the tiny data: a failure of the parameters."""
+    from train.launch.run_lock import RunLock
+    from train.run_dir import RunDir
+
+    args = sweep_args(tmp_path, space_file(tmp_path, MACHINE, "machine"), "machine", "--set", "train.epochs=1")
+    root = tmp_path / "runs" / "machine"
+    with RunLock(RunDir(root / "trial-000")):  # another launch holds the first trial's run folder
+        held = run_cli(*args, env=ONE_THREAD, timeout=900)
+    assert held.returncode == 4, held.stderr[-4000:]
+    assert re.search(r"trial-000 ended with exit 4, a failure of this machine, not of its parameters \(error: "
+                     r"\S+trial-000 is in use by another launch", held.stderr), held.stderr[-3000:]  # fmt: skip
+    (first,) = trials(root)
+    assert first.state == TrialState.RUNNING and first.user_attrs["exit_code"] == 4
+    assert "stopped after exit 4 (this machine's failure)" in (root / "summary.md").read_text()
+
+    again = run_cli(*args, env=ONE_THREAD, timeout=900)  # the folder is free: it resumes, the other trial runs
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "trial-000 resumes from its checkpoint" in again.stderr
+    by_step = {t.params["tasks.advection1d.initial_step"]: t for t in trials(root)}  # the grid's order is drawn
+    assert by_step[4].state == TrialState.COMPLETE
+    failed = by_step[30]
+    assert failed.state == TrialState.FAIL and failed.user_attrs["exit_code"] == 2
+    assert re.match(r"error: the data does not fit the config: .*initial_step=30", failed.user_attrs["error"]), failed
+
+    retried = run_cli(*args, "--retry-failed", env=ONE_THREAD, timeout=900)
+    assert retried.returncode == 0, retried.stderr[-4000:]
+    assert f"failed trial(s) {failed.number} run again with their parameters" in retried.stderr
+    by_number = {t.number: t for t in trials(root)}
+    assert sorted(by_number) == [0, 1, 2] and by_number[2].params == failed.params
+    assert by_number[2].state == TrialState.FAIL and "failed (exit 2, run again)" in (root / "summary.md").read_text()
+    nothing = run_cli(*args, env=ONE_THREAD, timeout=900)  # the budget counts a retried trial once
+    assert nothing.returncode == 0 and "started (" not in nothing.stderr, nothing.stderr[-3000:]

@@ -26,8 +26,10 @@ FINAL_STATES = {
 }  # fmt: skip
 
 # The rendered jobs run CPU ranks (the test node's GPU is fake). Their time limit is far beyond any test, and
-# within the rule that it exceeds the signal lead by 120 s.
-CPU_JOB = ["--set", "slurm.gpus_per_node=0", "--set", "slurm.time=00:10:00", "--set", "slurm.preempt_signal_s=60"]
+# within the rule that it exceeds the signal lead by 120 s; the tiny ranks stop within 20 s of the signal, which
+# leaves the lead room for it (slurm.preempt_signal_s >= dist.shutdown_timeout_s + 30 s).
+CPU_JOB = ["--set", "slurm.gpus_per_node=0", "--set", "slurm.time=00:10:00", "--set", "slurm.preempt_signal_s=60",
+           "--set", "dist.shutdown_timeout_s=20"]  # fmt: skip
 
 
 def render(tmp: Path, name: str, *overrides: str, config: str = "configs/tiny.yaml") -> Path:

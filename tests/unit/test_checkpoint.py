@@ -13,6 +13,7 @@ import torch
 from train.atomic import atomic_path, write_json_atomic, write_text_atomic
 from train.checkpoint import (
     BEST,
+    INTEGRITY,
     archive_checkpoints,
     checkpoint_for_evaluation,
     checkpoint_name,
@@ -23,6 +24,7 @@ from train.checkpoint import (
     resume_source,
     save_best,
     save_checkpoint,
+    set_aside_unreadable,
 )
 from train.config import TransformerConfig, load_config
 from train.engine.optim import warmup_cosine
@@ -124,7 +126,7 @@ def test_trainer_state_round_trips_with_weights_only(tmp_path, repo):
     state = trainer_like_state(repo)
     path = save_checkpoint(tmp_path, 3, state, keep=2)
     loaded = load_checkpoint(path)
-    assert set(loaded) == set(state)
+    assert set(loaded) == set(state) | {INTEGRITY}
     assert loaded["progress"] == {"epoch": 3, "global_step": 17}
     assert loaded["config"] == state["config"]
     assert loaded["specs"] == state["specs"]
@@ -183,6 +185,24 @@ def test_checkpoint_with_arbitrary_objects_is_refused(tmp_path):
         load_checkpoint(path)
 
 
+def test_a_checkpoint_whose_payload_changed_after_its_save_is_refused_and_set_aside(tmp_path, repo, caplog):
+    """A flipped bit in a tensor leaves a file torch loads without a word (an Adam moment off by 1435.6 went
+    unnoticed that way); the checksum written at save time is checked at every load."""
+    older = save_checkpoint(tmp_path, 10, trainer_like_state(repo), keep=3)
+    newest = save_checkpoint(tmp_path, 20, trainer_like_state(repo), keep=3)
+    state = torch.load(newest, weights_only=True)
+    moment = next(iter(state["optimizer"]["state"].values()))["exp_avg"]
+    moment.view(torch.int32).view(-1)[0] ^= 1 << 30
+    torch.save(state, newest)  # loadable, its recorded checksum now of other bytes
+    with pytest.raises(DataError, match=r"step_00000020\.pt cannot be used \(its payload hashes to \w+, but \w+ was "
+                       r"written with it\)"):  # fmt: skip
+        load_checkpoint(newest)
+    moved = set_aside_unreadable(tmp_path)
+    assert [p.name.split(".pt")[0] for p in moved] == ["step_00000020"] and latest_checkpoint(tmp_path) == older
+    assert "cannot be read (its payload hashes to" in caplog.text
+    assert load_checkpoint(older)[INTEGRITY]["xxh3_128"]
+
+
 def test_missing_checkpoint_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match=r"absent\.pt"):
         load_checkpoint(tmp_path / "absent.pt")
@@ -225,7 +245,7 @@ def test_atomic_save_failure_keeps_previous_checkpoints(tmp_path):
         save_checkpoint(tmp_path, 2, {"bad": lambda: None}, keep=2)
     assert names(list_checkpoints(tmp_path)) == ["step_00000001.pt"]
     assert [p.name for p in tmp_path.iterdir()] == ["step_00000001.pt"]
-    assert load_checkpoint(tmp_path / "step_00000001.pt") == {"e": 1}
+    assert load_checkpoint(tmp_path / "step_00000001.pt")["e"] == 1
 
 
 def test_write_json_atomic(tmp_path):
@@ -299,7 +319,7 @@ def test_archive_moves_every_checkpoint_and_keeps_their_content(tmp_path):
     archive = archive_checkpoints(tmp_path)
     assert list_checkpoints(tmp_path) == [] and not (tmp_path / BEST).exists()
     assert sorted(p.name for p in archive.iterdir()) == [BEST, checkpoint_name(1), checkpoint_name(2)]
-    assert load_checkpoint(archive / checkpoint_name(2)) == {"s": 2}
+    assert load_checkpoint(archive / checkpoint_name(2))["s"] == 2
 
 
 def test_evaluation_prefers_the_best_checkpoint(tmp_path):
@@ -336,3 +356,15 @@ def test_model_differences_name_every_differing_key(repo):
     assert model_differences(old, state["config"]["model"], wrapped) == [
         "tasks.adv.boundary (() there, ((2, 2),) here)"
     ]
+
+
+def test_evaluating_a_checkpoint_of_another_model_names_what_differs_not_every_key(tmp_path, repo):
+    """Evaluation dumped every state_dict key of the mismatch; resume already said what differed."""
+    from train.checkpoint import check_same_model
+
+    saved = trainer_like_state(repo)  # a transformer (d_model 16) of task adv
+    cfg = load_config(repo / "configs" / "tiny.yaml", ["model.name=fno"])
+    with pytest.raises(ConfigError, match=r"cannot evaluate x\.pt: its model differs from this config in "
+                       r"model\.name \('transformer' there, 'fno' here\)") as e:  # fmt: skip
+        check_same_model(saved, cfg.model, saved["specs"], "x.pt", "evaluate")
+    assert "state_dict" not in str(e.value) and len(str(e.value)) < 600

@@ -568,3 +568,18 @@ def test_a_runs_identity_reads_the_transformers_keys_either_way_and_fine_tuning_
     assert run_identity(new) != run_identity(load_config(minimal, ["model.transformer.d_model=32"]))
     assert run_identity(new) != run_identity(load_config(minimal, ["model.d_model=64", "train.init_from=runs/x"]))
     assert run_identity(new) != run_identity(load_config(minimal, ["model.d_model=64", "train.freeze=[codecs.]"]))
+
+
+@pytest.mark.parametrize("name", ["../x", ".", "..", "a/b"])
+def test_a_run_name_that_is_not_one_folder_is_refused_and_blamed_on_what_set_it(name, repo):
+    """--run ../x put the run beside runs/, and --run . made runs/ itself the run folder."""
+    with pytest.raises(ConfigError, match=rf"(?s)^--run {re.escape(name)}: invalid override .*is not a folder name"):
+        load_config(repo / "configs" / "tiny.yaml", run_name=name)
+    with pytest.raises(ConfigError, match=r"(?s)^--set run.name=.*is not a folder name"):
+        load_config(repo / "configs" / "tiny.yaml", [f"run.name={name}"])
+
+
+def test_a_misspelt_model_name_is_blamed_on_the_override_with_the_name_meant(repo):
+    with pytest.raises(ConfigError, match=r"(?s)^--set model\.name=FNO: invalid override .*'FNO' is neither a built-in "
+                       r"model .*\(did you mean fno\?\)"):  # fmt: skip
+        load_config(repo / "configs" / "tiny.yaml", ["model.name=FNO"])

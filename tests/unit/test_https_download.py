@@ -98,3 +98,23 @@ def test_a_well_dataset_over_https_goes_through_the_data_stage(served, tmp_path)
     before = sum(served.requests.values())
     stage_data(cfg)  # up to date: only the index pages are read again
     assert sum(served.requests.values()) - before == 3
+
+
+def test_a_store_this_machine_cannot_reach_is_exit_4_not_a_data_error(served, tmp_path):
+    """A DNS failure or an outage of the store ended with exit 3 ("data error"): it is this machine's network or
+    the store's outage, and the same command succeeds once it answers."""
+    from tests.helpers import free_port
+
+    nowhere = f"http://127.0.0.1:{free_port()}/datasets"  # nothing listens there: the connection is refused
+    well = {"pde": "well", "well": {"base_path": nowhere, "dataset": "rich"}}
+    cfg = validate({"tasks": {"rich": well}, "run": {"data_dir": str(tmp_path / "data")}}, "test")
+    with pytest.raises(DataError) as refused:
+        stage_data(cfg)
+    assert refused.value.exit_code == 4 and "Connection refused" in str(refused.value)
+    assert "could not be reached, which is this machine's network" in str(refused.value)
+    served.faults["files/a.bin"] = "503"  # an outage: the server answers, but never with the file
+    dest = tmp_path / "out" / "a.bin"
+    dest.parent.mkdir()
+    with pytest.raises(DataError, match=r"answered 503 .*after \d attempts.*could not be reached") as outage:
+        _fetch(served, dest)
+    assert outage.value.exit_code == 4

@@ -9,21 +9,24 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import torch
 from b2sdk.v2 import exception as b2_exception
 
 from tests.b2sim import SENTINEL_KEY, Account
 from tests.helpers import REPO
-from train.checkpoint import checkpoint_name
+from train.checkpoint import checkpoint_name, sealed
 from train.config import load_config
 from train.errors import ConfigError, DataError
 from train.obs.sinks import read_metrics
 from train.remote import mirror as mirror_module
-from train.remote.mirror import POINTER, RunMirror, read_pointer
+from train.remote.mirror import RunMirror
+from train.remote.pointer import POINTER, read_pointer
 from train.remote.restore import check_remote_config, restore_run
 from train.remote.store import FolderRemote, LocalFile, UploadFailed, open_remote, sha1_of
 from train.run_dir import RunDir
@@ -42,11 +45,12 @@ def remote(request, tmp_path, monkeypatch):
 
 
 def checkpoint(run: RunDir, step: int, size: int = 3000) -> Path:
-    """A stand-in for a step checkpoint: the mirror moves bytes, it never reads them as a checkpoint."""
+    """A small real step checkpoint (random weights of about ``size`` bytes, sealed with its payload checksum):
+    the mirror moves bytes, a restore checks them against that checksum."""
     path = run.checkpoints / checkpoint_name(step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(os.urandom(size))
+    torch.save(sealed({"model": {"w": torch.randn(max(1, size // 4))}, "progress": {"global_step": step}}), tmp)
     tmp.rename(path)  # as save_checkpoint does: the name appears complete
     return path
 
@@ -161,9 +165,10 @@ def test_failed_uploads_are_retried_then_warned_and_recorded_and_a_later_one_get
     (run.root / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
     # Every attempt the mirror makes at the first checkpoint fails (b2sdk itself does not retry this one).
     b2.sim.set_upload_errors([b2_exception.StorageCapExceeded() for _ in range(mirror_module.ATTEMPTS)])
+    b2.sim.MIN_PART_SIZE = 100_000  # every file under the simulator's large-file threshold: one call per attempt
     caplog.set_level(logging.INFO)
     mirror = RunMirror(remote, run, keep=2, poll_s=0.01).start()
-    checkpoint(run, 1, size=300)  # under the simulator's large-file threshold: one upload call per attempt
+    checkpoint(run, 1, size=300)
     wait_until(lambda: mirror.failures == 1, "the first checkpoint given up")
     checkpoint(run, 2)
     assert mirror.finish(30)
@@ -380,8 +385,9 @@ def test_on_several_nodes_node_0_alone_mirrors_the_run_and_a_node_local_folder_s
     assert remote.names("") == ["logs/rank1.log"]  # B2 lists the whole prefix: no metrics, no config
 
 
-def test_checkpoints_another_run_left_in_the_pointer_are_never_taken_for_this_runs(tmp_path, caplog):
-    """Run A mirrored here under a config.yaml since lost; run B (another lr) must not resume from A's."""
+def test_a_remote_whose_pointer_names_another_runs_checkpoints_is_refused_and_never_pruned(tmp_path):
+    """Run A mirrored here under a config.yaml since lost; run B (another lr) must neither resume from A's
+    checkpoints nor prune them: the pointer's identity tags are enough to refuse (exit 2), nothing deleted."""
     from train.config import run_identity
 
     remote = open_remote(str(tmp_path / "remote"), "run")
@@ -399,8 +405,11 @@ def test_checkpoints_another_run_left_in_the_pointer_are_never_taken_for_this_ru
     assert run_identity(b) != run_identity(a) and run_identity(config(tmp_path, "train.num_workers=3")) == run_identity(
         b
     )
-    assert restore_run(b, run, remote) is None
-    assert "lists checkpoints of another run (step_00000480.pt)" in caplog.text
+    with pytest.raises(ConfigError, match=r"holds checkpoints of another run \(step_00000480\.pt, tagged .* and no "
+                       r"config\.yaml: a launch would prune them\. Nothing was changed"):  # fmt: skip
+        check_remote_config(b, remote)
+    assert restore_run(b, run, remote) is None  # had the check been skipped: still nothing of A's is taken
+    # Nor does a mirror of B, had one been started, delete or carry on A's checkpoint.
     b_run = RunDir.of(b)
     b_run.prepare(b)
     mirror = RunMirror(remote, b_run, keep=2, identity=run_identity(b), poll_s=0.01).start()
@@ -408,3 +417,141 @@ def test_checkpoints_another_run_left_in_the_pointer_are_never_taken_for_this_ru
     wait_until(lambda: pointed(remote)[:1] == [checkpoint_name(10)], "B's checkpoint mirrored")
     assert mirror.finish(30)
     assert pointed(remote) == [checkpoint_name(10)], "A's entry is not carried on as B's"
+    assert remote.stat(f"checkpoints/{checkpoint_name(480)}") is not None, "A's checkpoint is never pruned by B"
+
+
+def lease_file(remote) -> dict | None:
+    from train.remote.lease import LEASE
+
+    return json.loads(remote.path(LEASE).read_text()) if remote.stat(LEASE) is not None else None
+
+
+def test_a_second_launch_of_a_run_finds_its_remote_leased_and_stops_while_the_first_one_renews(tmp_path):
+    from train.errors import PreflightError
+    from train.remote.lease import RemoteLease
+
+    remote = open_remote(str(tmp_path / "remote"), "run")
+    first = RemoteLease(remote, lease_s=1.5, command="box A").acquire()
+    held = lease_file(remote)
+    assert held["launch"] == first.launch and held["command"] == "box A"
+    wait_until(lambda: lease_file(remote)["beat"] >= 1, "the lease renewed")
+    with pytest.raises(PreflightError, match=r"in use by another launch of this run: launch .* \(pid \d+, started"):
+        RemoteLease(remote, lease_s=1.5, command="box B").acquire()
+    assert lease_file(remote)["launch"] == first.launch, "the refused launch wrote nothing"
+    first.release()
+    assert lease_file(remote) is None
+    with RemoteLease(remote, lease_s=1.5) as second:  # released: taken at once
+        assert lease_file(remote)["launch"] == second.launch
+
+
+@pytest.mark.parametrize("host", ["this", "another"])
+def test_a_lease_left_by_a_launch_that_died_is_taken_over(tmp_path, host, caplog):
+    """A dead process of this host: at once. Another host's silent lease: once it stayed still for
+    run.remote_lease_s (its clock is never compared with this one's: a 'renewed' time in the future changes
+    nothing)."""
+    import socket
+    import subprocess
+    import sys
+
+    from train.remote.lease import LEASE, RemoteLease
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    remote = open_remote(str(tmp_path / "remote"), "run")
+    stale = {"launch": "gone", "host": socket.gethostname() if host == "this" else "box-b", "pid": int(dead.stdout),
+             "started": "yesterday", "command": "python -m train run", "beat": 7, "lease_s": 60.0}  # fmt: skip
+    remote.path(LEASE).write_text(json.dumps(stale))
+    caplog.set_level(logging.INFO)
+    started = time.monotonic()
+    with RemoteLease(remote, lease_s=2.0) as lease:
+        waited = time.monotonic() - started
+        assert lease_file(remote)["launch"] == lease.launch
+    if host == "this":
+        assert waited < 2.0 and "which no longer runs; taking it over" in caplog.text
+    else:
+        assert waited >= 2.0 and "was not renewed for 2 s (run.remote_lease_s): that launch is gone" in caplog.text
+
+
+def test_a_launch_whose_lease_was_taken_over_writes_no_pointer_and_deletes_nothing(tmp_path):
+    """A launch silent for longer than its lease (a stopped process, a network partition) comes back to a remote
+    that another launch took over: its mirror must not move that launch's pointer or prune its checkpoints."""
+    from train.remote.lease import LEASE, RemoteLease
+
+    remote = open_remote(str(tmp_path / "remote"), "run")
+    run, _ = mirrored(tmp_path, remote)
+    lease = RemoteLease(remote, lease_s=1.5).acquire()
+    mirror = RunMirror(remote, run, keep=1, poll_s=0.01, lease=lease).start()
+    theirs = dict(lease_file(remote), launch="other", host="box-b", beat=0)
+    remote.path(LEASE).write_text(json.dumps(theirs))  # box B took the run over
+    wait_until(lease.lost.is_set, "the takeover noticed")
+    before = pointed(remote)
+    checkpoint(run, 30)
+    assert not mirror.finish(30)
+    assert pointed(remote) == before == [checkpoint_name(20), checkpoint_name(10)]
+    assert remote.stat(f"checkpoints/{checkpoint_name(10)}") is not None
+    lease.release()
+    assert lease_file(remote)["launch"] == "other", "a lost lease is not released: it is another launch's"
+
+
+def flip_a_weight_bit(path: Path) -> None:
+    """One bit of the newest weights flipped where the file stays a loadable checkpoint (bit rot)."""
+    state = torch.load(path, weights_only=True)
+    state["model"]["w"].view(torch.int32)[0] ^= 1 << 20
+    torch.save(state, path)  # the old payload checksum kept: what a flipped bit on the disk leaves
+
+
+def test_a_rebuilt_pointer_vouches_for_no_corrupt_bytes_and_is_written_back(tmp_path, caplog):
+    from train.config import run_identity
+    from train.launch.doctor import check_remote
+
+    remote = open_remote(str(tmp_path / "remote"), "run")
+    run, data = mirrored(tmp_path, remote)
+    box_gone(run)
+    flip_a_weight_bit(remote.path(f"checkpoints/{checkpoint_name(20)}"))
+    remote.path(POINTER).write_text("{garbage")
+    cfg = config(tmp_path, f"run.remote={tmp_path / 'remote'}")
+    assert check_remote(cfg).status == "warn" and "NOT verified" in check_remote(cfg).detail
+
+    assert restore_run(cfg, run, remote) == checkpoint_name(10)  # not the rotten newest
+    assert (run.checkpoints / checkpoint_name(10)).read_bytes() == data[10]
+    assert not (run.checkpoints / checkpoint_name(20)).exists()
+    assert "its payload hashes to" in caplog.text
+
+    # The launch's mirror checks what the rebuilt pointer lists and writes back a pointer of the intact ones.
+    mirror = RunMirror(remote, run, keep=2, identity=run_identity(cfg), poll_s=0.01).start()
+    assert mirror.finish(30)
+    pointer = json.loads(remote.path(POINTER).read_text())
+    assert [e["name"] for e in pointer["kept"]] == [checkpoint_name(10)] and "rebuilt" not in pointer
+    assert not any("unverified" in e for e in pointer["kept"])
+    assert remote.stat(f"checkpoints/{checkpoint_name(20)}") is not None, "left for inspection, not pruned"
+    assert (
+        check_remote(cfg).status == "pass" and "newest verified checkpoint step_00000010.pt" in check_remote(cfg).detail
+    )
+
+
+def test_unusable_local_checkpoints_are_replaced_from_the_remote_not_a_reason_to_stop(remote, tmp_path, caplog):
+    """Every local checkpoint unreadable with the remote intact ended with exit 3 and advice to delete the
+    folder: the launch itself fetches the remote's newest intact one (only one newer than a usable local one)."""
+    run, data = mirrored(tmp_path, remote)
+    for step in (10, 20):
+        path = run.checkpoints / checkpoint_name(step)
+        path.write_bytes(path.read_bytes()[:500])  # cut short
+    assert restore_run(config(tmp_path), run, remote) == checkpoint_name(20)
+    assert (run.checkpoints / checkpoint_name(20)).read_bytes() == data[20]
+    assert "step_00000020.pt here cannot be used" in caplog.text
+    assert restore_run(config(tmp_path), run, remote) is None  # now the local one is as new as the remote's
+
+
+def test_a_remotes_invalid_config_is_named_by_its_remote_place_and_a_keys_needs_are_said_in_full(tmp_path, monkeypatch):
+    """The error named a deleted temporary copy; a missing B2 key was said to need only to "read" the bucket."""
+    from train.errors import PreflightError
+
+    remote = open_remote(str(tmp_path / "remote"), "run")
+    remote.path("config.yaml").write_text("train:\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError, match=rf"(?s){re.escape(str(remote.path('config.yaml')))}: not valid YAML.*Fix or "
+                       r"delete .*/config\.yaml \(the run's config on its remote\)") as e:  # fmt: skip
+        check_remote_config(config(tmp_path), remote)
+    assert "/tmp/tmp" not in str(e.value)
+    monkeypatch.delenv("B2_APPLICATION_KEY_ID", raising=False)
+    monkeypatch.delenv("B2_APPLICATION_KEY", raising=False)
+    with pytest.raises(PreflightError, match=r"an application key that can list, read, write and delete files"):
+        open_remote("b2://bucket/runs", "run").stat("config.yaml")

@@ -46,7 +46,8 @@ def render(overrides: list[str] = (), output: str | None = None) -> str:
 
 
 def with_slurm(**changes) -> Config:
-    cfg = load_config(DEFAULT)
+    """The default config with slurm settings; its ranks stop within 10 s (short stop signals are allowed)."""
+    cfg = load_config(DEFAULT, ["dist.shutdown_timeout_s=10"])
     return cfg.model_copy(update={"slurm": cfg.slurm.model_copy(update=changes)})
 
 
@@ -502,3 +503,17 @@ def test_write_sbatch_writes_an_executable_file(tmp_path):
     assert out.read_text() == render(["slurm.nodes=2"], output=str(out))
     assert out.stat().st_mode & 0o777 == 0o755
     assert [p.name for p in out.parent.iterdir()] == ["job.sbatch"], "no temporary file left behind"
+
+
+def test_a_stop_signal_that_leaves_no_time_to_checkpoint_and_upload_is_refused():
+    """SIGUSR1 preempt_signal_s before the time limit: the ranks may take dist.shutdown_timeout_s to checkpoint
+    and the launcher run.remote_wait_s to send it; SLURM kills the job at its limit whatever is left to do."""
+    cfg = load_config(DEFAULT, ["slurm.preempt_signal_s=200", "dist.shutdown_timeout_s=120",
+                                "run.remote=/shared/runs", "run.remote_wait_s=120"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"slurm\.preempt_signal_s=200 leaves too little time after the stop signal: "
+                       r"dist\.shutdown_timeout_s=120 for the ranks to checkpoint and run\.remote_wait_s=120 to send "
+                       r"it to run\.remote, plus 30 s, need 270 s .* at least 270"):  # fmt: skip
+        render_sbatch(cfg, DEFAULT, [])
+    render_sbatch(cfg.model_copy(update={"slurm": cfg.slurm.model_copy(update={"preempt_signal_s": 270})}), DEFAULT, [])
+    local = cfg.model_copy(update={"run": cfg.run.model_copy(update={"remote": None})})
+    render_sbatch(local, DEFAULT, [])  # without a remote 150 s suffice

@@ -58,7 +58,11 @@ BAD = {
     "no trials": ("sampler: tpe\nspace:\n  train.lr: [0.001, 0.002]\n", r"trials is required with sampler=tpe"),
     "unknown spec key": ("samplr: grid\nspace:\n  train.lr: [0.001]\n", r"samplr: Extra inputs are not permitted"),
     "swept run name": ("space:\n  run.name: [a, b]\n", r"space\.run\.name: the sweep names each trial's folder"),
-}
+    "infinite bound": ("sampler: random\ntrials: 2\nspace:\n  train.lr: {low: 0.001, high: .inf}\n",
+                       r"space\.train\.lr\.high: Value error, inf is not a finite number"),
+    "negative seed": ("seed: -5\nsampler: grid\nspace:\n  train.lr: [0.001]\n",
+                      r"seed: Input should be greater than or equal to 0"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", BAD, ids=list(BAD))

@@ -300,3 +300,131 @@ def test_a_model_of_your_own_that_moved_is_named_with_how_to_point_at_it(tmp_pat
     x = np.ones((1, 3, 32, 1), np.float32)
     with torch.no_grad():
         np.testing.assert_allclose(moved.predict("adv", x), model.eval()({"adv": torch.from_numpy(x)})["adv"].numpy())
+
+
+def test_the_api_refuses_inputs_and_settings_it_cannot_predict_from_with_the_projects_errors(tmp_path):
+    """NaN in, NaN out, and an empty array for batch_size=-1, were silent; a KeyError, an AssertionError and a
+    float step count were tracebacks."""
+    from train.errors import PreflightError
+    from train.use.surrogate import Surrogate
+
+    path, _, _ = _checkpoint(tmp_path, "fno", {"adv": ADV})
+    s = Surrogate.load(path)
+    x = np.random.default_rng(0).normal(size=(4, 3, 32, 1)).astype(np.float32)
+    for bad in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        y[2, 1, 5, 0] = bad
+        with pytest.raises(DataError, match=r"task adv: sample 2 of the inputs holds NaN or inf \(1 of 4 samples"):
+            s.predict("adv", y)
+        with pytest.raises(DataError, match=r"task adv: sample 2"):
+            s.rollout("adv", torch.from_numpy(y), 2)
+    for size in (-1, 0, 2.0, True):
+        with pytest.raises(ConfigError, match=rf"batch_size={size!r}: samples per forward pass"):
+            s.predict("adv", x, batch_size=size)
+    for steps in (2.5, 0, "3"):
+        with pytest.raises(ConfigError, match=rf"steps={steps!r}: a rollout predicts a whole number"):
+            s.rollout("adv", x, steps)
+    assert s.rollout("adv", x, np.int64(2)).shape == (4, 2, 32, 1)
+    with pytest.raises(ConfigError, match=r"precision='fp8': choose one of auto, fp32, bf16, fp16"):
+        Surrogate.load(path, precision="fp8")
+    with pytest.raises(ConfigError, match=r"device='tpu:0': not a device name"):
+        Surrogate.load(path, device="tpu:0")
+    if not torch.cuda.is_available():
+        with pytest.raises(PreflightError, match=r"device=cuda: (this PyTorch is built without CUDA|no CUDA GPU)"):
+            Surrogate.load(path, device="cuda")
+
+
+def test_predict_and_export_check_their_output_first_and_never_write_into_a_runs_own_files(tmp_path):
+    """An output over checkpoints/best.pt was written (the next launch set it aside and retrained from an older
+    step); a folder given as predict's output was found only after every prediction was computed."""
+    import h5py
+
+    from train.config import to_yaml
+    from train.use.export import export_run
+    from train.use.predict import predict_file
+
+    path, _, cfg = _checkpoint(tmp_path, "fno", {"adv": ADV})
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    best = path.rename(run / "checkpoints" / "best.pt")
+    step = run / "checkpoints" / "step_00000010.pt"
+    step.write_bytes(best.read_bytes())
+    before = {p: p.read_bytes() for p in (best, step)}
+    source = tmp_path / "adv.h5"
+    with h5py.File(source, "w") as f:
+        f["tensor"] = np.random.default_rng(0).normal(size=(2, 8, 32)).astype(np.float32)
+        f["x-coordinate"], f["t-coordinate"] = np.linspace(0, 1, 32), np.linspace(0, 1, 9)
+
+    for output in (best, step, run / "checkpoints" / "new.h5", run / "config.yaml", run / "metrics.jsonl"):
+        with pytest.raises(ConfigError, match=r"is inside the run folder .* own files.*Write elsewhere"):
+            predict_file(run, source, output)
+    for output in (step, run / "checkpoints"):
+        with pytest.raises(ConfigError, match=r"is inside the run folder"):
+            export_run(run, "torchscript", output)
+    with pytest.raises(ConfigError, match=r"--output .* is a folder; give the file to write"):
+        predict_file(run, source, tmp_path)
+    with pytest.raises(ConfigError, match=r"--batch-size 0: give the trajectories per forward pass"):
+        predict_file(run, source, tmp_path / "out.h5", batch_size=0)
+    assert {p: p.read_bytes() for p in (best, step)} == before
+    assert predict_file(run, source, run / "predictions.h5") is not None  # beside them is fine
+
+
+def test_export_refuses_a_model_whose_source_changed_since_training_unless_told(tmp_path, monkeypatch):
+    import shutil
+
+    from tests.helpers import REPO
+    from train.use.export import export_run
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(REPO / "examples" / "my_model.py", tmp_path / "mine.py")
+    cfg = Config(
+        tasks={"adv": TaskConfig(pde="advection1d", initial_step=3, patch_size=4)},
+        model=ModelConfig(name="mine.py:build", args={"width": 4, "depth": 1, "kernel": 3}),
+    )
+    from train.checkpoint import MODEL_SOURCE
+    from train.model.factory import factory_source
+
+    model = build_model({"adv": ADV}, cfg.model)
+    (tmp_path / "ckpt").mkdir()
+    path = save_best(tmp_path / "ckpt", {MODEL: model.state_dict(), CONFIG: cfg.model_dump(mode="json"),
+                                         SPECS: {"adv": ADV.as_dict()}, TASK_CARDS: {"adv": _card("advection1d")},
+                                         MODEL_SOURCE: factory_source(cfg.model.name)})  # fmt: skip
+    with open(tmp_path / "mine.py", "a") as f:
+        f.write("\n# edited after training\n")
+    with pytest.raises(ConfigError, match=r"mine\.py as it was then .* has changed since .*--accept-changed-model"):
+        export_run(path, "torchscript", tmp_path / "out")
+    assert not (tmp_path / "out" / "adv.pt").exists()
+    assert export_run(path, "torchscript", tmp_path / "out", accept_changed_source=True) == [
+        tmp_path / "out" / "adv.pt"
+    ]
+
+
+def test_a_fine_tuned_run_keeps_its_first_launchs_record_of_the_source_and_needs_it_no_more(tmp_path):
+    """A relaunch recorded the SHA-256 of whatever file the source path held by then, and failed (exit 2) once
+    the source was gone, although the run resumes from its own checkpoints."""
+    import json
+
+    from train.checkpoint import WEIGHTS_FROM, save_checkpoint
+    from train.config import TrainConfig
+    from train.engine.init_from import sha256_of
+    from train.launch.continuity import initial_weights
+    from train.run_dir import RunDir
+
+    source, _, cfg = _checkpoint(tmp_path, "fno", {"adv": ADV})
+    cfg = cfg.model_copy(update={"train": TrainConfig(init_from=str(source))})
+    run = RunDir(tmp_path / "run")
+    first = initial_weights(cfg, run, "fit")  # a first start resolves the source
+    assert first["sha256"] == sha256_of(source) and first["source"] == str(source)
+    run.root.mkdir()
+    run.inputs.write_text(json.dumps({"adv": {"cache": "unused", "latent": None, "weights_from": first}}))
+    save_checkpoint(run.checkpoints, 5, {"model": {}, WEIGHTS_FROM: first}, keep=1)
+
+    other, _, _ = _checkpoint(tmp_path, "fno", {"adv": ADV}, seed=1)
+    source.write_bytes(other.read_bytes())  # the source path now holds other weights
+    assert initial_weights(cfg, run, "fit") == first
+    source.unlink()
+    assert initial_weights(cfg, run, "fit") == first
+    run.inputs.unlink()  # a new machine: the run restored from its remote, whose checkpoint carries the record
+    assert initial_weights(cfg, run, "fit") == first
+    assert initial_weights(cfg, run, "evaluate") == first

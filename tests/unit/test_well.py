@@ -151,7 +151,7 @@ def test_files_of_one_split_must_agree(tmp_path):
     root = write_dataset(tmp_path / "rich", 2)
     other = write_dataset(tmp_path / "other", 3)
     shutil.copy(other / "data" / "train" / "rich_1.hdf5", root / "data" / "train" / "rich_9.hdf5")
-    with pytest.raises(DataError, match=r"rich_9.hdf5: spatial dims \['x', 'y', 'z'\] differs from"):
+    with pytest.raises(DataError, match=r"rich_9.hdf5: spatial dims \['x', 'y', 'z'\] differ from"):
         WellReader(sorted((root / "data" / "train").glob("*.hdf5")))
 
 
@@ -214,3 +214,53 @@ def test_a_dataset_without_constants_has_no_constant_channels(tmp_path):
     info = build_cache("d", _task(), _files(tmp_path / "d", stats=False), tmp_path / "cache")
     assert (info.const_channels, info.in_channels, info.out_channels, info.channels) == (0, 1, 1, ("u",))
     assert WindowDataset(info, "train", 2)[0]["x"].shape == (2, 8, 1)
+
+
+def _set_scalar_names(names):
+    return lambda f: f["scalars"].attrs.__setitem__("field_names", np.asarray(names, dtype=h5py.string_dtype()))
+
+
+DISAGREEMENTS = {
+    # where, the edit, what the message names: a file read with another file's channels, codes or name
+    "scalars swapped in train": ("train/rich_1", _set_scalar_names(["amp", "Re", "clock"]), "constant scalars"),
+    "scalars swapped in test": ("test/rich_0", _set_scalar_names(["amp", "Re", "clock"]), "constant scalars"),
+    "a constant scalar missing": ("train/rich_1", _set_scalar_names(["amp", "clock"]), "constant scalars"),
+    "boundary in train": ("train/rich_1", lambda f: f["boundary_conditions/x_periodic"].attrs.__setitem__(
+        "bc_type", "WALL"), "boundary conditions"),
+    "boundary in test": ("test/rich_0", lambda f: f["boundary_conditions/x_periodic"].attrs.__setitem__(
+        "bc_type", "WALL"), "boundary conditions"),
+    "dataset_name in test": ("test/rich_0", lambda f: f.attrs.__setitem__("dataset_name", "other"), "dataset_name"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", DISAGREEMENTS)
+def test_files_that_disagree_with_train_stop_the_data_stage_naming_both(tmp_path, case):
+    """Trained and scored with exit 0 (train's boundary codes used for all, Re and amp channels swapped), or a
+    ValueError (exit 1) at the cache or once the ranks had started: now exit 3 at the data stage."""
+    from tests.helpers import REPO
+    from train.config import load_config
+    from train.data.sources import stage_data
+
+    root = write_dataset(tmp_path / "rich", 2)
+    where, edit, words = DISAGREEMENTS[case]
+    bad = _break(root / "data" / f"{where}.hdf5", edit)
+    cfg = load_config(REPO / "configs" / "well.yaml", [f"tasks.gray_scott.source={root}",
+                                                       f"run.data_dir={tmp_path / 'data'}"])  # fmt: skip
+    with pytest.raises(DataError) as e:
+        stage_data(cfg)
+    assert e.value.exit_code == 3
+    assert str(e.value).startswith(f"{bad}: {words}") and str(root / "data" / "train" / "rich_0.hdf5") in str(e.value)
+
+
+def test_a_datasets_own_stats_file_is_used_when_a_split_is_carved_from_train(tmp_path, caplog):
+    """With no valid folder, val is carved from the train files, so the train split is a part of what the
+    dataset's stats.yaml describes: the correct file was called wrong ("disagrees with the train split")."""
+    root = write_dataset(tmp_path / "rich", 2)
+    write_stats(root)
+    shutil.rmtree(root / "data" / "valid")
+    split = lambda name: tuple(sorted((root / "data" / name).glob("*.hdf5")))  # noqa: E731
+    files = SplitFiles(split("train"), None, split("test"), stats_file=root / "stats.yaml")
+    task = TaskConfig.model_validate({**_task().model_dump(), "val_fraction": 0.4})
+    info = build_cache("carved", task, files, tmp_path / "cache")
+    assert info.sizes["val"] > 0 and "disagrees" not in caplog.text
+    assert info.statistics != "train split", info.statistics

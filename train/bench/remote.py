@@ -24,7 +24,7 @@ from train.launch.torchrun import launch
 from train.launch.watchers import watched_launch
 from train.obs.sinks import read_metrics
 from train.pipeline import stage_cache
-from train.remote.mirror import read_pointer
+from train.remote.pointer import read_pointer
 from train.remote.store import open_remote
 
 TARGET = 1.02

@@ -118,6 +118,19 @@ class CacheInfo:
                 return None
         return cls(path=path, **fields)
 
+    def source_checksums(self) -> dict[str, str]:
+        """Every source file this cache was built from (resolved path) with its content checksum: what a run
+        trained on it records in each checkpoint, and checks before it continues."""
+        meta = json.loads((self.path / MANIFEST).read_text())
+        return {
+            e["path"]: e[ALGORITHM] for record in meta.get("source", {}).values() for e in record.get("files", [record])
+        }
+
+    def changed_mapped_sources(self) -> list[str]:
+        """The source files this cache maps in place that were rewritten since it was built (see
+        :func:`changed_mapped_sources`)."""
+        return _changed((self.in_place or {}).get("identity", {}))
+
     def trajectories(self, split: str, index: np.ndarray) -> np.ndarray:
         """Trajectories ``index`` of ``split`` as the model reads them: (b, t, *grid, in_channels), every frame
         followed by the trajectory's constant channels (none for PDEBench tasks)."""
@@ -269,6 +282,31 @@ def _build(name: str, task: TaskConfig, files: SplitFiles, checksums: dict[str, 
     return info
 
 
+def changed_mapped_sources(folder: Path) -> list[str]:
+    """The source files the cache in ``folder`` maps in place that were rewritten since it was built, each said
+    with its size then and now: reading through the map then reads other bytes, or past a shrunken end dies
+    with SIGBUS. Read from the manifest, whatever the files are now."""
+    try:
+        meta = json.loads((Path(folder) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return []
+    return _changed((meta.get("in_place") or {}).get("identity", {}))
+
+
+def _changed(identity: dict[str, list[int]]) -> list[str]:
+    changed = []
+    for source, (size, mtime) in identity.items():
+        try:
+            now = file_identity(source)
+        except OSError as e:
+            changed.append(f"{source} ({e.strerror or e}; {size} bytes were mapped)")
+            continue
+        if now != [size, mtime]:
+            verb = "shrank" if now[0] < size else "was rewritten"
+            changed.append(f"{source} ({verb}: {size} bytes mapped, {now[0]} bytes now)")
+    return changed
+
+
 def window_index_name(split: str, initial_step: int, horizon: int = 1, stride: int = 1) -> str:
     horizon_part, stride_part = f"_h{horizon}" if horizon > 1 else "", f"_s{stride}" if stride > 1 else ""
     return f"{split}_windows_k{initial_step}{horizon_part}{stride_part}.npy"
@@ -320,10 +358,11 @@ def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bo
                     f"{reader.path}: grid {reader.grid} x {reader.n_frames} frames differs from the train file "
                     f"{train.path} ({train.grid} x {train.n_frames} frames); the splits must come from one dataset"
                 )
-            if reader.describe().get("channels") != train.describe().get("channels"):
+            theirs, ours = reader.describe(), train.describe()
+            for key in sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k)):
                 raise DataError(
-                    f"{reader.path}: channels {reader.describe()['channels']} differ from the train file "
-                    f"{train.path}'s {train.describe()['channels']}; the splits must come from one dataset"
+                    f"{reader.path}: {key} {theirs.get(key)} differ from the train file {train.path}'s "
+                    f"{ours.get(key)}; the splits must come from one dataset"
                 )
             plan[split] = (reader, range(reader.n_samples), False)
     return plan
@@ -367,14 +406,17 @@ class NpyWriter:
         self._file.close()
 
 
-def _copy(folder: Path, plan: dict, shapes: dict) -> dict[str, RunningStats]:
+def _copy(
+    folder: Path, plan: dict, shapes: dict, whole: dict[str, RunningStats] | None = None
+) -> dict[str, RunningStats]:
     """Every split's blocks, as the readers give them, written raw; the train split's statistics taken on the
-    way (val/test never leak into them)."""
+    way (val/test never leak into them). ``whole``: also the statistics of the train files whole, the splits
+    carved from them included (what a dataset's own stats.yaml describes)."""
     stats: dict[str, RunningStats] = {}
     writers: dict[tuple[str, str], NpyWriter] = {}
     try:
         for split in SPLITS:
-            reader, samples, _ = plan[split]
+            reader, samples, carved = plan[split]
             for blocks in reader.parts(samples):
                 StopRequested.check()
                 for part, block in blocks.items():
@@ -383,6 +425,8 @@ def _copy(folder: Path, plan: dict, shapes: dict) -> dict[str, RunningStats]:
                         writers[split, part] = NpyWriter(folder / array_name(split, part), shapes[split, part])
                     if split == "train":
                         stats.setdefault(part, RunningStats()).update(block)
+                    if whole is not None and (split == "train" or carved):
+                        whole.setdefault(part, RunningStats()).update(block)
                     writers[split, part].write(block)
     finally:
         for writer in writers.values():
@@ -421,11 +465,15 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
     try:
         shapes: dict[tuple[str, str], tuple[int, ...]] = {}
         mapped = _map_in_place(plan, task, shapes)
-        stats, in_place_record = mapped if mapped is not None else (_copy(folder, plan, shapes), None)
+        # A split carved from the train files leaves train smaller than what the dataset's stats.yaml describes:
+        # that file is then compared with the train files whole.
+        whole = {} if _uses_stats(task, files) and any(carved for _, _, carved in plan.values()) else None
+        stats, in_place_record = mapped if mapped is not None else (_copy(folder, plan, shapes, whole), None)
         if not stats or not all(shapes.get(("train", part), (0,))[0] for part in stats):
             raise DataError(f"{train.path}: the train split holds no samples")
         moments = {part: acc.result(train.std_floor) for part, acc in stats.items()}
-        published = published_moments(files.stats_file, train, moments) if _uses_stats(task, files) else None
+        described = {part: acc.result(train.std_floor) for part, acc in whole.items()} if whole else moments
+        published = published_moments(files.stats_file, train, moments, described) if _uses_stats(task, files) else None
         moments = published or moments
         parts = list(moments)
         for split in SPLITS:

@@ -84,8 +84,17 @@ class _Retryable(DataError):
     """Wrong size or SHA1: the next attempt may get good bytes."""
 
 
+UNREACHABLE = (
+    "the store could not be reached, which is this machine's network (DNS, a proxy, a firewall) or an outage of "
+    "the store, not the data; re-run the same command once it answers"
+)
+
+
 class _Transient(_Retryable):
-    """A B2 or network error that b2sdk's own retries did not cure: tried again after a pause."""
+    """A B2 or network error that b2sdk's own retries did not cure: tried again after a pause. Not the data's
+    fault: this machine's network (DNS, a refused connection) or an outage of the store, so exit 4."""
+
+    exit_code = PreflightError.exit_code
 
 
 def check_name(name: str) -> str:
@@ -154,6 +163,9 @@ class LocalStore:
 
 
 class B2Store:
+    KEY_NEEDS = "read the bucket"
+    """What the application key must be allowed to do, for the messages about it."""
+
     def __init__(self, bucket: str, prefix: str = "", api=None):
         self.bucket_name, self.prefix = bucket, prefix.strip("/")
         self.url = f"b2://{bucket}/{self.prefix}" if self.prefix else f"b2://{bucket}"
@@ -171,7 +183,7 @@ class B2Store:
             missing = [var for var, v in (("B2_APPLICATION_KEY_ID", key_id), ("B2_APPLICATION_KEY", key)) if not v]
             if missing:
                 raise PreflightError(f"{self.url}: B2 credentials missing: set {' and '.join(missing)} "
-                                     "(an application key that can read the bucket)")  # fmt: skip
+                                     f"(an application key that can {self.KEY_NEEDS})")  # fmt: skip
             self._secrets = (key, key_id)
             api = self._api or B2Api(InMemoryAccountInfo())  # in memory: the key must never reach a file
             try:
@@ -190,14 +202,16 @@ class B2Store:
         for secret in self._secrets:
             reason = reason.replace(secret, "***")
         if isinstance(e, x.Unauthorized | x.AccessDenied | x.RestrictedBucket | x.NotAllowedByAppKeyError):
-            return PreflightError(f"{where}: B2 rejected the key in B2_APPLICATION_KEY_ID ({reason}); check "
-                                  "B2_APPLICATION_KEY_ID / B2_APPLICATION_KEY and the key's access")  # fmt: skip
+            return PreflightError(
+                f"{where}: B2 rejected the key in B2_APPLICATION_KEY_ID ({reason}); check B2_APPLICATION_KEY_ID / "
+                f"B2_APPLICATION_KEY and that the key can {self.KEY_NEEDS}"
+            )
         if isinstance(e, x.NonExistentBucket):
             return DataError(f"b2://{self.bucket_name}: no such bucket (or not visible to this key)")
         if isinstance(e, x.ChecksumMismatch | x.TruncatedOutput):
             return _Retryable(f"{where}: {reason}")
         if isinstance(e, x.TransientErrorMixin):
-            return _Transient(f"{where}: {reason}")
+            return _Transient(f"{where}: {reason}; {UNREACHABLE}")
         return DataError(f"{where}: B2 error: {reason}")
 
     def _key(self, name: str) -> str:
@@ -341,6 +355,8 @@ def _fetch(store: Store, remote: RemoteFile, dest: Path, retries: int, progress:
             transferred += sent
             if progress and sent:
                 progress(-sent)
+            if attempt == retries and isinstance(e, _Transient):
+                raise _Transient(f"{e} (after {retries + 1} attempts; {dest} left as it was): {UNREACHABLE}") from None
             if attempt == retries:
                 raise DataError(f"{e} (after {retries + 1} attempts; {dest} left as it was)") from None
             warnings.append(f"{e}; trying again ({attempt + 1}/{retries})")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import requests
 
-from train.data.download import CHUNK, Progress, RemoteFile, check_name
+from train.data.download import CHUNK, UNREACHABLE, Progress, RemoteFile, check_name
 from train.data.download import _Transient as Transient
 from train.errors import DataError
 
@@ -60,7 +60,7 @@ class HttpsStore:
         try:
             return self._session.get(url, timeout=TIMEOUT_S, **kwargs)
         except requests.RequestException as e:
-            raise Transient(f"{url}: {type(e).__name__}: {e}") from None
+            raise Transient(f"{url}: {type(e).__name__}: {e}; {UNREACHABLE}") from None
 
     @staticmethod
     def _check_status(response: requests.Response, url: str) -> None:
@@ -74,7 +74,7 @@ class HttpsStore:
         try:
             response = self._session.head(url, timeout=TIMEOUT_S, allow_redirects=True)
         except requests.RequestException as e:
-            raise Transient(f"{url}: {type(e).__name__}: {e}") from None
+            raise Transient(f"{url}: {type(e).__name__}: {e}; {UNREACHABLE}") from None
         if response.status_code == 404:
             return None
         self._check_status(response, url)

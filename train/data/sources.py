@@ -24,6 +24,7 @@ from train.data import download, generate
 from train.data.checksum import ALGORITHM
 from train.data.generate_well import generate_gray_scott
 from train.data.readers.pdebench import SPLITS
+from train.data.readers.well import check_splits_agree
 from train.data.stores import open_store
 from train.errors import ConfigError, DataError
 from train.pdes import GENERATED, LAYOUTS
@@ -368,5 +369,8 @@ def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, 
             print(line)
         return {name: f.files for name, f in found.items()}
     results = download.fetch_all(jobs, lock_dir=data_dir) if jobs else []
+    for name, task in cfg.tasks.items():
+        if LAYOUTS[task.pde].multi_file:  # the files of every split are of one dataset, or nothing is cached
+            check_splits_agree({split: found[name].files.paths(split) for split in SPLITS})
     fetched = {result.dest: (store, result) for (store, _, _), result in zip(jobs, results, strict=True)}
     return {name: _with_provenance(f, cfg.tasks[name], fetched) for name, f in found.items()}

@@ -53,8 +53,15 @@ def _channels(reader, stats: dict, time_varying: bool) -> tuple[np.ndarray, np.n
     return np.asarray(means), np.asarray(stds)
 
 
-def published_moments(path: Path, reader, computed: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict | None:
+def published_moments(
+    path: Path,
+    reader,
+    computed: dict[str, tuple[np.ndarray, np.ndarray]],
+    described: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+) -> dict | None:
     """The moments to normalise with from ``path`` (per cache part, as ``computed``), or None to keep ``computed``.
+    ``described``: the statistics the file must agree with, when not the train split's (the train files whole,
+    when a split was carved from them).
 
     Constant scalars are not in the file (The Well leaves them raw); they keep the computed statistics."""
     if not Path(path).is_file():
@@ -67,6 +74,7 @@ def published_moments(path: Path, reader, computed: dict[str, tuple[np.ndarray, 
         if part not in computed:
             continue
         mean, std = computed[part]
+        want_mean, want_std = (described or computed)[part]
         found = _channels(reader, stats, time_varying)
         n = len(found[0]) if found is not None else -1
         n_fields = (
@@ -77,13 +85,14 @@ def published_moments(path: Path, reader, computed: dict[str, tuple[np.ndarray, 
                 "data: %s does not cover the dataset's fields; normalising with the train split's statistics", path
             )
             return None
-        tol = RELATIVE * std + 1e-4 * np.abs(mean) + 1e-7
-        if not (np.all(np.abs(found[0] - mean[:n]) <= tol[:n]) and np.all(np.abs(found[1] - std[:n]) <= tol[:n])):
-            worst = int(np.argmax(np.abs(found[1] - std[:n]) + np.abs(found[0] - mean[:n])))
+        tol = RELATIVE * want_std + 1e-4 * np.abs(want_mean) + 1e-7
+        close = np.abs(found[0] - want_mean[:n]) <= tol[:n], np.abs(found[1] - want_std[:n]) <= tol[:n]
+        if not (np.all(close[0]) and np.all(close[1])):
+            worst = int(np.argmax(np.abs(found[1] - want_std[:n]) + np.abs(found[0] - want_mean[:n])))
             log.warning(
                 "data: %s disagrees with the train split (channel %d: mean %.6g std %.6g in the file, %.6g and %.6g "
                 "computed); normalising with the train split's statistics",
-                path, worst, found[0][worst], found[1][worst], mean[worst], std[worst],
+                path, worst, found[0][worst], found[1][worst], want_mean[worst], want_std[worst],
             )  # fmt: skip
             return None
         out[part] = (

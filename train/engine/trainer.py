@@ -20,6 +20,7 @@ from torch import nn
 
 from train.checkpoint import (
     CONFIG,
+    DATA,
     MODEL,
     MODEL_SOURCE,
     OPTIMIZER,
@@ -28,15 +29,16 @@ from train.checkpoint import (
     SCHEDULER,
     SPECS,
     TASK_CARDS,
+    WEIGHTS_FROM,
     RunState,
+    check_same_model,
     latest_checkpoint,
     load_model_state,
-    model_differences,
     resume_source,
     save_best,
     save_checkpoint,
 )
-from train.config import Config, ModelConfig, model_keys_in_use
+from train.config import Config
 from train.distributed.collectives import all_reduce_sum, broadcast_from_main
 from train.distributed.env import DistEnv
 from train.distributed.shared_checkpoint import shared_checkpoint
@@ -93,12 +95,16 @@ class Trainer:
         self.names = [t.name for t in tasks]
         self.checkpoints = run.checkpoints
         self.model = initial_model(cfg, tasks, env.device)
-        if cfg.train.init_from is not None:  # a resume then loads this run's own checkpoint over them
-            weights_from = run.weights_from()
-            if weights_from is None:
+        self.weights_from = run.weights_from() if cfg.train.init_from is not None else None
+        # With checkpoints of its own the run resumes from them, whose weights replace the source's: the source,
+        # which may be gone by now, is read only for a run's first start.
+        if cfg.train.init_from is not None and latest_checkpoint(run.checkpoints) is None:
+            if self.weights_from is None:
                 raise DataError(f"train.init_from is set but {run.inputs} records no source checkpoint; launch with "
                                 "'python -m train fit' (or run), which resolves it")  # fmt: skip
-            load_initial_weights(self.model, cfg, weights_from)
+            load_initial_weights(self.model, cfg, self.weights_from)
+        self.data = {t.name: t.info.source_checksums() for t in tasks}
+        """The checksums of the files each task was built from, recorded in every checkpoint (train.run_data)."""
         freeze(self.model, cfg.train.freeze)
         for task in tasks:
             if task.latent is not None:  # before DDP, which then leaves the frozen encoder out of its buckets
@@ -166,6 +172,8 @@ class Trainer:
             SPECS: {t.name: t.spec.as_dict() for t in self.tasks},
             TASK_CARDS: {t.name: t.card() for t in self.tasks},
             **({MODEL_SOURCE: self.model_source} if self.model_source else {}),
+            DATA: self.data,
+            **({WEIGHTS_FROM: self.weights_from} if self.weights_from else {}),
         }
 
     def load_state_dict(self, saved: dict, path=None) -> None:
@@ -187,19 +195,7 @@ class Trainer:
         path, saved = shared_checkpoint(self.env, self.checkpoints, lambda: resume_source(own, self.checkpoints), sha1)
         if path is None or saved is None:
             return
-        differences = model_differences(
-            saved,
-            self.cfg.model.model_dump(mode="json"),
-            {t.name: t.spec.as_dict() for t in self.tasks},
-            ModelConfig().model_dump(mode="json"),
-            model_keys_in_use(self.cfg.model.name),
-        )
-        if differences:
-            raise ConfigError(
-                f"cannot resume from {path}: its model differs from this config in "
-                + "; ".join(differences)
-                + ". Use the checkpoint's settings, or train.resume=never to start over."
-            )
+        check_same_model(saved, self.cfg.model, {t.name: t.spec.as_dict() for t in self.tasks}, path, "resume from")
         self._check_model_source(path, saved.get(MODEL_SOURCE))
         self.load_state_dict(saved, path)
         log.info(
@@ -209,6 +205,17 @@ class Trainer:
             self.state.step_in_epoch,
             self.state.global_step,
         )
+
+    def _check_mapped_sources(self) -> None:
+        """A source file mapped in place that was rewritten while training read it: the steps since then read
+        other bytes, so no checkpoint may record them as trained on this data (the one before stays)."""
+        changed = [c for t in self.tasks for c in t.info.changed_mapped_sources()]
+        if changed:
+            raise DataError(
+                f"data changed while this run trained on it: {'; '.join(changed)}. The steps since the last "
+                "checkpoint read other bytes and are not saved. Put the file back as it was and re-run the same "
+                "command, or start over on the new data (train.resume=never)"
+            )
 
     def _check_model_source(self, path, saved: dict | None) -> None:
         """Refuse to continue with an edited factory file unless train.accept_changed_model_source says so."""
@@ -228,6 +235,7 @@ class Trainer:
     def save(self) -> None:
         """Rank 0 writes; every rank waits, so no rank runs ahead of (or exits before) a checkpoint on disk."""
         if self.env.is_main:
+            self._check_mapped_sources()
             save_checkpoint(
                 self.checkpoints, self.state.global_step, self.state_dict(), self.cfg.train.keep_checkpoints
             )

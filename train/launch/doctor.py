@@ -19,6 +19,7 @@ from pathlib import Path
 
 from train.config import Config
 from train.data.cache import CacheInfo
+from train.disk import unwritable
 from train.errors import ConfigError, PreflightError, TrainError
 from train.launch.address import advertised_address, is_public
 from train.launch.capacity import MiB, find_caches, mib, needs_by_filesystem, shm_need
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 DOCKER_DEFAULT_SHM = 64 * MiB  # what a container's /dev/shm is unless --shm-size, shm_size or ipc: host
+DISK_MARGIN = 256 * MiB
+"""Room beyond the estimate a disk must have: logs, metrics, reports and the estimate's own error."""
 
 
 @dataclass(frozen=True)
@@ -356,8 +359,10 @@ def check_disk(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> Check:
     details, status = [], PASS
     for root, need, folders in needs_by_filesystem(cfg, caches):
         free = shutil.disk_usage(root).free
-        details.append(f"{mib(free)} free for {', '.join(folders)} (needs about {mib(need)})")
-        if free < need + 256 * MiB:
+        details.append(
+            f"{mib(free)} free for {', '.join(folders)} (needs about {mib(need)} + a {mib(DISK_MARGIN)} margin)"
+        )
+        if free < need + DISK_MARGIN:
             status = FAIL
         elif free < 2 * need + 1024 * MiB and status == PASS:
             status = WARN
@@ -365,12 +370,51 @@ def check_disk(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> Check:
     return Check("disk", status, "; ".join(details), fix)
 
 
+def folders_to_write(cfg: Config, command: str = "run") -> dict[str, Path]:
+    """The folders ``command`` writes into, by setting: data_dir where a task generates or downloads its data
+    (local files are read where they lie), cache_dir from the cache stage on, runs_dir for a launch."""
+    fetched = any(task.source == "generate" or "://" in task.source for task in cfg.tasks.values())
+    wanted = {"run.data_dir": fetched, "run.cache_dir": command != "data", "run.runs_dir": command not in DATA_ONLY}
+    return {setting: Path(getattr(cfg.run, setting.split(".")[1])) for setting, want in wanted.items() if want}
+
+
+DATA_ONLY = ("data", "cache")
+
+
+def unwritable_folders(cfg: Config, command: str = "run") -> list[str]:
+    """``setting=folder: why`` for each folder ``command`` would write into but cannot (a real probe write)."""
+    problems = []
+    for setting, folder in folders_to_write(cfg, command).items():
+        why = unwritable(folder)
+        if why is not None:
+            problems.append(f"{setting}={folder}: {why}")
+    return problems
+
+
+def check_folders(cfg: Config) -> Check:
+    problems = unwritable_folders(cfg)
+    fix = "point the setting at a writable folder (a read-only mount, or another user's folder, cannot hold it)"
+    if problems:
+        return Check("folders", FAIL, "cannot write " + "; ".join(problems), fix)
+    return Check("folders", PASS, "writable: " + ", ".join(f"{k}={v}" for k, v in folders_to_write(cfg).items()))
+
+
+def require_writable_folders(cfg: Config, command: str) -> None:
+    """Before a stage writes: a folder it cannot write to stops it (exit 4) naming the setting, not an OSError."""
+    problems = unwritable_folders(cfg, command)
+    if problems:
+        raise PreflightError(
+            "cannot write " + "; ".join(problems) + ". Point the setting at a writable folder (--set "
+            "run.runs_dir=..., run.cache_dir=..., run.data_dir=...)"
+        )
+
+
 def check_remote(cfg: Config, b2_api=None) -> Check | None:
     """Whether run.remote answers with the credentials at hand (`make doctor` only: it asks the network), and
     what it holds of this run."""
     if not cfg.run.remote:
         return None
-    from train.remote.mirror import read_pointer
+    from train.remote.pointer import read_pointer
     from train.remote.store import open_remote
 
     try:
@@ -379,8 +423,18 @@ def check_remote(cfg: Config, b2_api=None) -> Check | None:
     except TrainError as e:
         fix = "check run.remote and, for b2://, B2_APPLICATION_KEY_ID / B2_APPLICATION_KEY (a key that can write)"
         return Check("remote", FAIL, str(e), fix)
-    held = f"newest verified checkpoint {pointer['checkpoint']}" if pointer.get("checkpoint") else "no checkpoint yet"
-    return Check("remote", PASS, f"{remote.url}: reachable, {held}")
+    if not pointer.get("checkpoint"):
+        return Check("remote", PASS, f"{remote.url}: reachable, no checkpoint yet")
+    if pointer.get("rebuilt"):  # the SHA1s of a rebuilt pointer are of whatever bytes lie there
+        return Check(
+            "remote",
+            WARN,
+            f"{remote.url}: reachable, newest checkpoint {pointer['checkpoint']} NOT verified: its pointer cannot be "
+            f"read ({pointer['rebuilt']}) and was rebuilt from the files the remote lists",
+            "the next launch checks each listed checkpoint against the checksum written into it, resumes from the "
+            "newest intact one and writes the pointer back",
+        )
+    return Check("remote", PASS, f"{remote.url}: reachable, newest verified checkpoint {pointer['checkpoint']}")
 
 
 def run_checks(
@@ -395,7 +449,7 @@ def run_checks(
     n, _ = requested_nproc(cfg, nproc, facts)
     checks = [check_versions(cfg, facts), check_container(facts), check_gpus(cfg, nproc, facts)]
     checks += [c for c in [check_slurm(cfg, nproc, facts)] if c is not None]
-    checks += [rendezvous, check_shm(cfg, n or 1, caches, facts), check_disk(cfg, caches)]
+    checks += [rendezvous, check_shm(cfg, n or 1, caches, facts), check_folders(cfg), check_disk(cfg, caches)]
     checks += [check_data(cfg, facts)] if data else []
     checks += [c for c in [check_remote(cfg)] if c is not None] if data else []
     checks.append(check_memlock(facts, topology))

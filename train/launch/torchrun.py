@@ -201,14 +201,14 @@ def own_cause_code(failure) -> int | None:
     return OWN_CAUSES.get(_first_error(failure).split(":", 1)[0])
 
 
-def describe_failure(rank: int, failure) -> str:
+def describe_failure(rank: int, failure, hints: dict = SIGNAL_HINTS) -> str:
     """One line (or a few) per failed rank: exit code or signal, a hint, and its first recorded error."""
     error, own = _first_error(failure), own_cause_code(failure)
     if failure.exitcode < 0:
         sig = signal.Signals(-failure.exitcode)
         if own is not None:
             return f"rank {rank} failed with code {own}: {error}\n    (then killed by {sig.name} while shutting down)"
-        hint = SIGNAL_HINTS.get(sig, "")
+        hint = hints.get(sig, "")
         return f"rank {rank} was killed by {sig.name}{': ' + hint if hint else ''}"
     text = f"rank {rank} exited with code {failure.exitcode}{': ' + error if error else ''}"
     if "timed out" in error.lower() or "timeout" in error.lower():
@@ -305,7 +305,11 @@ def launch(
         failures = sorted(e.failures.items(), key=lambda item: (_blame_order(item[1]), item[1].timestamp, item[0]))
         # torchrun numbers ranks in the order the agents met; the ranks number themselves node by node
         ours = (lambda r, f: topology.node_rank * nproc + f.local_rank) if topology.multi_node else (lambda r, f: r)
-        lines = [describe_failure(ours(rank, failure), failure) for rank, failure in failures]
+        hints = dict(SIGNAL_HINTS)
+        changed = run.changed_mapped_sources() if any(f.exitcode == -signal.SIGBUS for _, f in failures) else []
+        if changed:  # not /dev/shm: a file the ranks read through a memory map changed under them
+            hints[signal.SIGBUS] = f"a data file read through a memory map changed under it: {'; '.join(changed)}"
+        lines = [describe_failure(ours(rank, failure), failure, hints) for rank, failure in failures]
         summary = f"{_what(module, worker_args)} failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run.logs}"
         raise WorkerFailure(exit_code_of(failures[0][1]), summary) from None
     except SignalException as e:

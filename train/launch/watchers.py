@@ -16,6 +16,7 @@ from train.config import Config, run_identity
 from train.launch.stop import stop_signals_deferred
 from train.launch.topology import topology_from_environ
 from train.obs.tracking import open_tracker, outcome_of
+from train.remote.lease import RemoteLease
 from train.remote.mirror import RunMirror
 from train.remote.store import Remote
 from train.run_dir import RunDir
@@ -25,17 +26,18 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def watched_launch(
-    cfg: Config, run: RunDir, remote: Remote | None, *, node_local: bool = False
+    cfg: Config, run: RunDir, remote: Remote | None, *, node_local: bool = False, lease: RemoteLease | None = None
 ) -> Iterator[RunMirror | None]:
     """Mirror ``run`` to ``remote`` and track it in W&B (each when configured) while the block runs the ranks;
-    yields the mirror (None without a remote). ``node_local``: this node (not node 0) keeps a run folder of its
-    own, which holds only its ranks' logs worth mirroring."""
+    yields the mirror (None without a remote), whose ``complete`` says afterwards whether the remote got all of
+    the run. ``node_local``: this node (not node 0) keeps a run folder of its own, which holds only its ranks'
+    logs worth mirroring. ``lease``: this launch's lease on the remote (node 0's)."""
     node_rank = topology_from_environ(os.environ, run.root.name).node_rank
     mirror = None
     if remote is not None:  # first: a remote that cannot be reached fails the launch before W&B starts a run
         mirror = RunMirror(
             remote, run, cfg.train.keep_checkpoints, node_rank=node_rank, node_local=node_local,
-            identity=run_identity(cfg),
+            identity=run_identity(cfg), lease=lease,
         )  # fmt: skip
         mirror.start()
     try:
@@ -56,7 +58,7 @@ def watched_launch(
             if tracker is not None:
                 tracker.finish(outcome, run.report, _preempted_at_step(run))
             if mirror is not None:
-                mirror.finish(cfg.run.remote_wait_s)
+                mirror.complete = mirror.finish(cfg.run.remote_wait_s)
         if arrived:
             log.info("a stop request arrived while the launcher finished the remote copy; it ends now")
 

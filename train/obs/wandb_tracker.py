@@ -62,3 +62,7 @@ class WandbTracker:
             self.wb.mark_preempting()
         self.wb.summary.update(summary)
         self.wb.finish(exit_code=outcome.exit_code)
+        # finish() returns before W&B's service process has written the run's last records (an offline run file
+        # could still be its 7-byte header); teardown waits for that process to end, so nothing of the run is
+        # left in flight when the launcher exits (a container that stops with it would cut the write short).
+        wandb.teardown()

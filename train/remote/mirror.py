@@ -27,14 +27,15 @@ from pathlib import Path
 
 from train import run_files
 from train.atomic import write_json_atomic
-from train.checkpoint import BEST, checkpoint_step, latest_checkpoint
-from train.errors import DataError
+from train.checkpoint import BEST, checkpoint_step, latest_checkpoint, unreadable
+from train.errors import TrainError
+from train.remote.lease import RemoteLease
+from train.remote.pointer import POINTER, belongs_to, read_pointer
 from train.remote.store import LocalFile, Remote, sha1_of
 from train.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
-POINTER = run_files.POINTER
 ATTEMPTS = 4
 """Tries of one upload before it is given up until its file changes (or the ranks stop)."""
 BACKOFF_S = 2.0
@@ -44,57 +45,6 @@ POLL_S = 1.0
 STAGING = run_files.MIRROR_STAGING
 # Small files of the run folder, mirrored whenever they change.
 RUN_FILES = (run_files.CONFIG, run_files.WANDB_STATE)
-
-
-def read_pointer(remote: Remote) -> dict | None:
-    """The remote's checkpoint pointer, or None when it has none (a new run). An unreadable one is rebuilt from
-    the checkpoints the remote lists: taken for "no checkpoint yet", it would let a new launch train from step 0
-    and its first mirrored checkpoint prune the remote's intact ones."""
-    if remote.stat(POINTER) is None:
-        return None
-    staging = Path(os.environ.get("TMPDIR", "/tmp"))
-    tmp = staging / f".latest.{os.getpid()}.{threading.get_ident()}.json"
-    try:
-        remote.download(POINTER, tmp)
-        pointer = json.loads(tmp.read_text())
-    except (OSError, ValueError) as e:
-        return rebuilt_pointer(remote, f"{type(e).__name__}: {e}")
-    finally:
-        tmp.unlink(missing_ok=True)
-    ok = isinstance(pointer, dict) and isinstance(pointer.get("kept"), list)
-    ok = ok and all(isinstance(e, dict) and checkpoint_step(str(e.get("name"))) is not None for e in pointer["kept"])
-    return pointer if ok else rebuilt_pointer(remote, "not a pointer: no list of kept checkpoints")
-
-
-def rebuilt_pointer(remote: Remote, why: str) -> dict:
-    """A pointer made from the step checkpoints (and best.pt) the remote lists, newest first, each with the size
-    and SHA1 the remote holds (B2 checked that SHA1 on upload; a folder's is read from its bytes), against which
-    a restore checks what it fetches. None listed: DataError, the launch stops (exit 3) and deletes nothing."""
-    names = [n.rsplit("/", 1)[-1] for n in remote.names("checkpoints")]
-    steps = sorted((s, n) for n in names if (s := checkpoint_step(n)) is not None)
-    kept = []
-    for step, name in reversed(steps):
-        stat = remote.stat(f"checkpoints/{name}")
-        if stat is not None and stat.sha1:
-            kept.append({"name": name, "step": step, "size": stat.size, "sha1": stat.sha1})
-    if not kept:
-        raise DataError(
-            f"remote: {remote.url}/{POINTER} cannot be read ({why}) and the remote lists no checkpoint to rebuild it "
-            f"from. Nothing was changed; if the run there is to start over, delete {remote.url}/{POINTER}"
-        )
-    best = remote.stat(f"checkpoints/{BEST}") if BEST in names else None
-    log.warning(
-        "remote: %s/%s cannot be read (%s); rebuilt from the %d checkpoint(s) the remote lists (newest %s)",
-        remote.url, POINTER, why, len(kept), kept[0]["name"],
-    )  # fmt: skip
-    best_entry = {"name": BEST, "size": best.size, "sha1": best.sha1} if best is not None and best.sha1 else None
-    return {"checkpoint": kept[0]["name"], "kept": kept, "best": best_entry}
-
-
-def belongs_to(entry: dict, identity: str | None) -> bool:
-    """Whether a pointer entry is a checkpoint of the run ``identity`` (entries written before the pointer
-    carried identities count as the run's: the remote's config was checked against this run)."""
-    return identity is None or entry.get("run") in (None, identity)
 
 
 def _signature(path: Path) -> tuple[int, int, int]:
@@ -115,18 +65,24 @@ class RunMirror:
         node_local: bool = False,
         identity: str | None = None,
         poll_s: float | None = None,
+        lease: RemoteLease | None = None,
     ) -> None:
         self.remote, self.run, self.keep, self.node_rank = remote, run, keep, node_rank
         self.identity = identity
+        self.lease = lease
+        """This launch's lease on the remote: once another launch took it over, nothing more is written there."""
         """The run's identity (train.config.run_identity), with which each checkpoint is tagged in the pointer."""
         self.node_local = node_local and node_rank > 0
         self.poll_s = POLL_S if poll_s is None else poll_s
         self.pointer = read_pointer(remote)  # in the caller's thread: missing credentials fail the launch now
         self.failures = 0
+        self.complete: bool | None = None
+        """What :meth:`finish` returned: whether the remote got all of the run (None: not finished yet)."""
         self.mirrored: list[str] = []
         """The step checkpoints this mirror verified on the remote, in order."""
         self._sent: dict[str, tuple] = {}  # name on the remote -> signature of the local file it holds
         self._given_up: dict[str, tuple] = {}
+        self._errors: dict[str, str] = {}  # name on the remote -> why its last upload failed
         self._finishing, self._abandoned = threading.Event(), threading.Event()
         self._staging = run.root / STAGING
         shutil.rmtree(self._staging, ignore_errors=True)  # snapshots of an earlier launch
@@ -164,24 +120,59 @@ class RunMirror:
             raise
         if self._thread.is_alive():
             self._abandoned.set()
-            log.warning("remote: gave up waiting after %d s (run.remote_wait_s); what did not reach %s is still in %s",
-                        timeout_s, self.remote.url, self.run.root)  # fmt: skip
+            log.warning(
+                "remote: gave up waiting after %d s (run.remote_wait_s); %s lacks %s, still in %s",
+                timeout_s,
+                self.remote.url,
+                self._missing(newest),
+                self.run.root,
+            )
             return False
         shutil.rmtree(self._staging, ignore_errors=True)
-        if newest is not None and self.newest_mirrored != newest.name:
-            log.warning("remote: %s did not reach %s (see the warnings above); the newest checkpoint there is %s",
-                        newest.name, self.remote.url, self.newest_mirrored)  # fmt: skip
-            return False
+        if newest is not None:
+            there, why = self._remote_newest()
+            if there != newest.name:
+                log.warning(
+                    "remote: %s did not reach %s (%s); the newest checkpoint its pointer names is %s",
+                    newest.name,
+                    self.remote.url,
+                    why or self._why_not(newest.name),
+                    there,
+                )
+                return False
         log.info("remote: %s holds the run%s (%.0f s)", self.remote.url,
                  f" up to {newest.name}, verified" if newest else "", time.monotonic() - started)  # fmt: skip
         if self._given_up:
             log.warning("remote: not mirrored: %s (see the warnings above)", ", ".join(sorted(self._given_up)))
         return not self._given_up
 
+    def _remote_newest(self) -> tuple[str | None, str | None]:
+        """The checkpoint the remote's own pointer names (read back, not remembered), and why it could not be
+        read."""
+        try:
+            return (read_pointer(self.remote) or {}).get("checkpoint"), None
+        except TrainError as e:
+            return None, f"its pointer could not be read back: {e}"
+
+    def _why_not(self, name: str) -> str:
+        if self.lease is not None and self.lease.lost.is_set():
+            return "another launch took the remote over; this one writes nothing more there"
+        error = self._errors.get(f"checkpoints/{name}") or self._errors.get(POINTER)
+        if error:
+            return f"its last upload failed: {error}"
+        if self._errors:  # the uploads before it still failing, their retries took the time
+            return f"not sent: the uploads before it failed ({next(iter(self._errors.values()))})"
+        return "not uploaded before the launch ended"
+
     def _missing(self, newest: Path | None) -> str:
-        """What the remote lacks, as far as this mirror knows: the newest checkpoint, files given up, the rest."""
-        missing = [newest.name] if newest is not None and self.newest_mirrored != newest.name else []
-        missing += sorted(self._given_up)
+        """What the remote lacks, as far as this mirror knows, and why: the newest checkpoint, files given up,
+        the rest."""
+        missing = (
+            [f"{newest.name} ({self._why_not(newest.name)})"] if newest and self.newest_mirrored != newest.name else []
+        )
+        missing += [
+            f"{name} ({self._errors[name]})" if name in self._errors else name for name in sorted(self._given_up)
+        ]
         return ", ".join([*missing, "the files of the final pass (metrics, report, logs) not yet sent"])
 
     # -- the thread ----------------------------------------------------------------------------------------
@@ -189,6 +180,7 @@ class RunMirror:
     def _loop(self) -> None:
         _run_in_the_background()
         try:
+            self.repair_pointer()
             while not self._finishing.is_set():
                 self._pass(final=False)
                 self._finishing.wait(self.poll_s)
@@ -201,7 +193,7 @@ class RunMirror:
         return self.node_rank > 0 and not self.node_local
 
     def _pass(self, final: bool) -> None:
-        if self._shared_with_node_0():
+        if self._shared_with_node_0() or self._lease_lost():
             return
         if self.node_local:
             # Rank 0, and with it the run's checkpoints, metrics and report, is on node 0: this node's folder
@@ -223,6 +215,57 @@ class RunMirror:
             for folder in (self.run.report, self.run.logs):
                 for path in sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else ():
                     self._send_file(path.relative_to(self.run.root).as_posix(), final)
+
+    def repair_pointer(self) -> None:
+        """A pointer rebuilt from the remote's listing (the one written was unreadable) vouches for nothing: each
+        checkpoint it names is fetched and checked against the checksum written into it, and a pointer of the
+        intact ones is written back in place of the unreadable one."""
+        pointer = self.pointer
+        if not pointer or not pointer.get("rebuilt") or self._shared_with_node_0() or self.node_local:
+            return
+        checked: dict[str, bool] = {}
+        for entry in [*pointer["kept"], *([pointer["best"]] if pointer.get("best") else [])]:
+            why = self._payload_problem(f"checkpoints/{entry['name']}", entry["sha1"])
+            if why == "":
+                return  # the remote could not be read: nothing is rewritten from what was not checked
+            checked[entry["name"]] = why is None
+            if why is not None:
+                log.error(
+                    "remote: %s/checkpoints/%s is left out of the rebuilt pointer: %s",
+                    self.remote.url,
+                    entry["name"],
+                    why,
+                )
+        clean = lambda e: {k: v for k, v in e.items() if k != "unverified"}  # noqa: E731
+        kept = [clean(e) for e in pointer["kept"] if checked[e["name"]]]
+        best = pointer.get("best")
+        repaired = {
+            "checkpoint": kept[0]["name"] if kept else None,
+            "kept": kept,
+            "best": clean(best) if best and checked[best["name"]] else None,
+        }
+        if self._write_pointer(repaired, final=False):
+            log.warning(
+                "remote: %s rewritten: %d intact checkpoint(s) of the %d listed",
+                f"{self.remote.url}/{POINTER}",
+                len(kept),
+                len(pointer["kept"]),
+            )
+
+    def _payload_problem(self, name: str, sha1: str) -> str | None:
+        """Why the remote's ``name`` is not an intact checkpoint (None: it is; "": it could not be fetched)."""
+        tmp = self._staging / f".check.{name.replace('/', '__')}"
+        try:
+            self.remote.download(name, tmp)
+            got = sha1_of(tmp)
+            if got != sha1:
+                return f"SHA1 {got} fetched, {sha1} listed"
+            return unreadable(tmp)
+        except (TrainError, OSError) as e:
+            log.warning("remote: %s/%s could not be fetched to check it (%s)", self.remote.url, name, e)
+            return ""
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _checkpoint(self, path: Path, final: bool) -> bool:
         name = f"checkpoints/{path.name}"
@@ -248,7 +291,9 @@ class RunMirror:
         for stale in [n for n in self._given_up if checkpoint_step(n.rsplit("/", 1)[-1]) is not None]:
             del self._given_up[stale]  # superseded by this one
         log.info("remote: %s verified on %s (SHA1 %s)", path.name, self.remote.url, staged.sha1)
-        self._prune({e["name"] for e in pointer["kept"]})
+        # Only what this run's pointer listed (or this mirror sent) is ever deleted: a checkpoint another run
+        # tagged, or one left out of a rebuilt pointer, stays where it is.
+        self._prune({e["name"] for e in ours} | set(self.mirrored), {e["name"] for e in pointer["kept"]})
         return True
 
     def _on_remote(self, path: Path) -> bool:
@@ -280,6 +325,8 @@ class RunMirror:
             self._sent[name] = staged.signature
 
     def _write_pointer(self, pointer: dict, final: bool) -> bool:
+        if self._lease_lost():
+            return False
         local = self._staging / POINTER.rsplit("/", 1)[-1]
         write_json_atomic(local, pointer)
         if self._upload(POINTER, local, final, link=False, force=True) is None:
@@ -287,12 +334,18 @@ class RunMirror:
         self.pointer = pointer
         return True
 
-    def _prune(self, kept: set[str]) -> None:
-        """Delete the remote's step checkpoints that the pointer no longer lists (keep-k on the remote)."""
+    def _lease_lost(self) -> bool:
+        return self.lease is not None and self.lease.lost.is_set()
+
+    def _prune(self, ours: set[str], kept: set[str]) -> None:
+        """Delete the remote's step checkpoints of this run (``ours``) that the pointer no longer lists (keep-k
+        on the remote)."""
+        if self._lease_lost():
+            return
         try:
             for name in self.remote.names("checkpoints"):
                 base = name.rsplit("/", 1)[-1]
-                if checkpoint_step(base) is not None and base not in kept:
+                if base in ours and base not in kept:
                     self.remote.delete(name)
         except Exception as e:
             log.warning("remote: could not delete old checkpoints on %s (%s); they stay", self.remote.url, e)
@@ -306,16 +359,13 @@ class RunMirror:
         if not force and (self._sent.get(name) == signature or (not final and self._given_up.get(name) == signature)):
             return None
         snapshot = self._staging / name.replace("/", "__")
-        snapshot.unlink(missing_ok=True)
         try:
-            if link:
-                os.link(path, snapshot)  # the same bytes, whatever keep-k or the next save does to the name
-            else:
-                shutil.copyfile(path, snapshot)  # appended to in place (metrics, logs): a copy freezes it
+            self._snapshot(path, snapshot, link)
         except FileNotFoundError:
+            return None  # gone since (keep-k deleted it): the newer file that replaced it follows
+        except OSError as e:
+            self._failed(name, signature, f"cannot stage it in {self._staging}: {e.strerror or e}", "")
             return None
-        except OSError:
-            shutil.copyfile(path, snapshot)  # a file system without hard links
         try:
             staged = LocalFile(snapshot, snapshot.stat().st_size, sha1_of(snapshot), signature)
             error = None
@@ -325,22 +375,61 @@ class RunMirror:
                 try:
                     self.remote.upload(staged, name)
                     self._given_up.pop(name, None)
+                    self._errors.pop(name, None)
                     return staged
                 except Exception as e:  # any failure of one upload is that upload's, never the training's
-                    error = _redacted(self.remote, e)
+                    error = self._errors[name] = _redacted(self.remote, e)
                 if attempt + 1 < ATTEMPTS:
                     pause = BACKOFF_S * 2**attempt
                     log.warning("remote: uploading %s failed (%s); trying again in %.0f s (%d/%d)", name, error,
                                 pause, attempt + 1, ATTEMPTS - 1)  # fmt: skip
                     self._abandoned.wait(pause)
-            self._given_up[name] = signature
-            self.failures += 1
-            log.warning("remote: %s not mirrored after %d attempts (%s); training goes on, and it is tried again "
-                        "when it changes and when the ranks stop", name, ATTEMPTS, error)  # fmt: skip
-            self._record_failure(name, error)
+            self._failed(name, signature, error or "", f"after {ATTEMPTS} attempts ")
+            return None
+        except OSError as e:  # the snapshot vanished under the upload: said, and tried again at the next pass
+            self._failed(name, signature, f"its staged copy {snapshot} went away: {e.strerror or e}", "")
             return None
         finally:
             snapshot.unlink(missing_ok=True)
+
+    def _snapshot(self, path: Path, snapshot: Path, link: bool) -> None:
+        """Freeze ``path``'s bytes as ``snapshot``. FileNotFoundError: ``path`` is gone. A staging folder that
+        someone removed (another process in this run folder) is made again, with a warning."""
+        for attempt in range(2):
+            snapshot.unlink(missing_ok=True)
+            try:
+                if link:
+                    os.link(path, snapshot)  # the same bytes, whatever keep-k or the next save does to the name
+                else:
+                    shutil.copyfile(path, snapshot)  # appended to in place (metrics, logs): a copy freezes it
+                return
+            except FileNotFoundError:
+                if not path.exists() or attempt:
+                    raise
+                log.warning(
+                    "remote: %s was removed while this launch mirrored (by another process in %s?); made again",
+                    self._staging,
+                    self.run.root,
+                )
+                self._staging.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                if not link:
+                    raise
+                shutil.copyfile(path, snapshot)  # a file system without hard links
+                return
+
+    def _failed(self, name: str, signature: tuple, error: str, how: str) -> None:
+        self._given_up[name] = signature
+        self._errors[name] = error
+        self.failures += 1
+        log.warning(
+            "remote: %s not mirrored %s(%s); training goes on, and it is tried again when it changes and when the "
+            "ranks stop",
+            name,
+            how,
+            error,
+        )
+        self._record_failure(name, error)
 
     def _record_failure(self, name: str, error: str | None) -> None:
         record = {"event": "remote_upload_failed", "file": name, "remote": self.remote.url, "error": error,

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from train import run_files
 from train.atomic import atomic_path
-from train.checkpoint import BEST, list_checkpoints
+from train.checkpoint import BEST, checkpoint_step, list_checkpoints, unreadable
 from train.config import Config, load_config, run_identity, training_differences
 from train.errors import ConfigError, DataError
-from train.remote.mirror import POINTER, RUN_FILES, belongs_to, read_pointer
+from train.remote.mirror import RUN_FILES
+from train.remote.pointer import POINTER, belongs_to, read_pointer
 from train.remote.store import Remote, sha1_of
 from train.run_dir import RunDir
 
@@ -36,49 +37,83 @@ def fetch_verified(remote: Remote, name: str, dest: Path, sha1: str | None) -> N
 
 
 def check_remote_config(cfg: Config, remote: Remote) -> None:
-    """Refuse a remote that holds another run (a config that differs in what training depends on): on every launch
-    that mirrors, whatever train.resume says, since the mirror would replace its config and prune its checkpoints."""
-    if remote.stat(run_files.CONFIG) is None:
-        return
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / run_files.CONFIG
-        fetch_verified(remote, run_files.CONFIG, path, None)
-        differences = training_differences(load_config(path), cfg)
-    if differences:
+    """Refuse a remote that holds another run: a config that differs in what training depends on, or (its
+    config.yaml lost or replaced) a pointer whose checkpoints are tagged with another run's identity. On every
+    launch that mirrors, whatever train.resume says, since the mirror would replace its config and prune its
+    checkpoints."""
+    if remote.stat(run_files.CONFIG) is not None:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / run_files.CONFIG
+            fetch_verified(remote, run_files.CONFIG, path, None)
+            try:
+                theirs = load_config(path)
+            except ConfigError as e:  # said of the remote's file, not of the temporary copy read here
+                raise ConfigError(
+                    str(e).replace(str(path), f"{remote.url}/{run_files.CONFIG}")
+                    + f". Fix or delete {remote.url}/{run_files.CONFIG} (the run's config on its remote)"
+                ) from None
+        differences = training_differences(theirs, cfg)
+        if differences:
+            raise ConfigError(
+                f"{remote.url} holds a run with a different config ({', '.join(differences)}); pick another run "
+                f"name (RUN=... or --run) or another run.remote, or delete {remote.url} to start over"
+            )
+    pointer = read_pointer(remote)
+    identity = run_identity(cfg)
+    entries = [*(pointer or {}).get("kept", []), *([pointer["best"]] if (pointer or {}).get("best") else [])]
+    foreign = sorted({str(e.get("run")) for e in entries if not belongs_to(e, identity)})
+    if foreign:
+        names = ", ".join(str(e.get("name")) for e in entries if not belongs_to(e, identity))
         raise ConfigError(
-            f"{remote.url} holds a run with a different config ({', '.join(differences)}); pick another run name "
-            f"(RUN=... or --run) or another run.remote, or delete {remote.url} to start over"
+            f"{remote.url} holds checkpoints of another run ({names}, tagged {', '.join(foreign)}; this run is "
+            f"{identity}){'' if remote.stat(run_files.CONFIG) else ' and no config.yaml'}: a launch would prune "
+            "them. Nothing was changed; pick another run name (RUN=... or --run) or another run.remote, or delete "
+            f"{remote.url} if that run is not needed"
         )
 
 
+def newest_usable(run: RunDir) -> Path | None:
+    """The run folder's newest step checkpoint that loads and matches its checksum (unusable ones are left
+    where they are: a newer intact copy from the remote replaces one of the same name, the launch plan sets the
+    others aside)."""
+    return next((p for p in reversed(list_checkpoints(run.checkpoints)) if unreadable(p) is None), None)
+
+
 def restore_run(cfg: Config, run: RunDir, remote: Remote) -> str | None:
-    """Fetch the remote's newest good checkpoint when ``run`` has none; returns its name (None: nothing fetched).
+    """Fetch the remote's newest good checkpoint when it is newer than any ``run`` holds (a new machine holds
+    none; here, the newest may have been set aside as unreadable); returns its name (None: nothing fetched).
     The caller has checked that the remote holds this run (``check_remote_config``)."""
-    if list_checkpoints(run.checkpoints):
-        return None
+    local = newest_usable(run)
     pointer = read_pointer(remote)
-    if pointer is None or not pointer.get("kept"):
+    if local is None and (pointer is None or not pointer.get("kept")):
         log.info("remote: %s holds no checkpoint of this run yet; starting here", remote.url)
         return None
-    identity = run_identity(cfg)
-    foreign = [e.get("name") for e in pointer["kept"] if not belongs_to(e, identity)]
-    if foreign:
-        log.warning("remote: %s lists checkpoints of another run (%s); they are not used", remote.url,
-                    ", ".join(map(str, foreign)))  # fmt: skip
-    kept = [e for e in pointer["kept"] if belongs_to(e, identity)]
+    identity, since = run_identity(cfg), checkpoint_step(local.name) if local is not None else -1
+    # check_remote_config refused any other run's; a local checkpoint at least as new needs nothing fetched
+    kept = [e for e in (pointer or {}).get("kept", []) if belongs_to(e, identity) and e.get("step", -1) > since]
     if not kept:
-        log.info("remote: %s holds no checkpoint of this run; starting here", remote.url)
+        if local is None:
+            log.info("remote: %s holds no checkpoint of this run; starting here", remote.url)
         return None
     chosen = None
     for entry in kept:  # newest first
         name = entry.get("name", "")
+        if (run.checkpoints / name).exists():
+            log.warning("remote: %s here cannot be used; the remote's copy replaces it if it is intact", name)
         try:
             fetch_verified(remote, f"checkpoints/{name}", run.checkpoints / name, entry.get("sha1"))
+            damaged = unreadable(run.checkpoints / name)
+            if damaged is not None:  # the bytes the pointer names, but not the bytes that were saved
+                (run.checkpoints / name).unlink()
+                raise DataError(f"{remote.url}/checkpoints/{name}: {damaged}")
         except DataError as e:
             log.error("remote: %s is not used (%s); trying the one before it", name, e)
             continue
         chosen = name
         break
+    if chosen is None and local is not None:
+        log.warning("remote: no newer checkpoint could be fetched intact; continuing from %s", local.name)
+        return None
     if chosen is None:
         raise DataError(
             f"none of the {len(kept)} checkpoint(s) that {remote.url}/{POINTER} lists could be fetched "
@@ -89,6 +124,10 @@ def restore_run(cfg: Config, run: RunDir, remote: Remote) -> str | None:
     if best and belongs_to(best, identity):
         try:
             fetch_verified(remote, f"checkpoints/{BEST}", run.checkpoints / BEST, best.get("sha1"))
+            damaged = unreadable(run.checkpoints / BEST)
+            if damaged is not None:
+                (run.checkpoints / BEST).unlink()
+                raise DataError(f"{remote.url}/checkpoints/{BEST}: {damaged}")
         except DataError as e:
             log.warning("remote: best.pt is not used (%s); validation chooses a new best from here", e)
     for name in (run_files.METRICS, *RUN_FILES):
@@ -97,5 +136,6 @@ def restore_run(cfg: Config, run: RunDir, remote: Remote) -> str | None:
                 fetch_verified(remote, name, run.root / name, None)
             except DataError as e:
                 log.warning("remote: %s not fetched (%s)", name, e)
-    log.info("remote: resuming from %s, fetched from %s (the run folder held no checkpoint)", chosen, remote.url)
+    held = f"{local.name} was its newest intact one" if local is not None else "the run folder held no checkpoint"
+    log.info("remote: resuming from %s, fetched from %s (%s)", chosen, remote.url, held)
     return chosen

@@ -115,6 +115,8 @@ class FolderRemote(_Verifying, LocalStore):
 class B2Remote(_Verifying, B2Store):
     """A run's remote folder under a B2 bucket prefix. Replaced files leave no older versions behind."""
 
+    KEY_NEEDS = "list, read, write and delete files in the bucket (a run's remote replaces and prunes files)"
+
     def _put(self, local: LocalFile, name: str) -> None:
         from b2sdk.v2.exception import B2Error
 

@@ -29,9 +29,16 @@ def _state(t: FrozenTrial, study: SweepStudy) -> str:
     if t.state == TrialState.PRUNED:
         return f"pruned at step {t.user_attrs.get('pruned_at_step', '?')}"
     if t.state == TrialState.FAIL:
-        return f"failed (exit {t.user_attrs.get('exit_code', '?')})"
+        again = ", run again" if t.number in study.retried(study.trials()) else ""
+        return f"failed (exit {t.user_attrs.get('exit_code', '?')}{again})"
+    if t.state == TrialState.WAITING:
+        return "queued to run again"
     if t.state == TrialState.RUNNING:
-        return "running" if study.is_claimed(t.number) else "stopped (resumes on the next sweep command)"
+        if study.is_claimed(t.number):
+            return "running"
+        code = t.user_attrs.get("exit_code")
+        why = f" after exit {code} (this machine's failure)" if code else ""
+        return f"stopped{why} (resumes on the next sweep command)"
     return "finished"
 
 

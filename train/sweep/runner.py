@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from optuna.trial import TrialState
 
-from train.errors import StopRequested, TrainError
+from train.errors import DistributedError, PreflightError, StopRequested, TrainError
 from train.launch.stop import stop_signals_deferred
 from train.sweep.study import Claim, SweepStudy, trial_name
 from train.sweep.trials import Slot, TrialRun, trial_config
@@ -26,6 +26,22 @@ log = logging.getLogger(__name__)
 
 POLL_S = 1.0
 PRUNED = "pruned"
+
+
+def machine_failure(code: int) -> bool:
+    """An exit code that says this machine failed the trial, not its parameters: the environment (a full disk,
+    the doctor, a run folder in use: 4), the distributed runtime (5), or a signal from outside (128+N: the OOM
+    killer, a SIGBUS). Such a trial is not counted as failed: the sweep stops with its code and the trial
+    resumes from its checkpoint once the sweep is re-run."""
+    return code in (PreflightError.exit_code, DistributedError.exit_code) or code > 128
+
+
+class SweepStopped(TrainError):
+    """A trial ended for a reason of this machine's (:func:`machine_failure`): the sweep ends with its code."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.exit_code = code
 
 
 def _params_text(params: dict) -> str:
@@ -49,6 +65,8 @@ class Worker:
         self.running: dict[int, TrialRun] = {}
         self.stopped_outside: str | None = None
         """A trial stopped from outside the sweep (exit 75 unasked): the sweep stops its other trials too."""
+        self.machine_failed: SweepStopped | None = None
+        """A trial ended by a failure of this machine: the sweep stops its other trials and exits with its code."""
 
     def run(self, on_trial_end=None) -> None:
         """Run trials until none is left to take; ``on_trial_end()`` after each (the results are rewritten).
@@ -58,7 +76,7 @@ class Worker:
         can_claim = True
         with stop_signals_deferred() as arrived, _ctrl_c_into(arrived):
             while True:
-                if arrived or self.stopped_outside:
+                if arrived or self.stopped_outside or self.machine_failed:
                     self._stop_all(arrived)
                 if can_claim and len(self.running) < len(self.slots):
                     can_claim = self._fill_slots()
@@ -133,6 +151,17 @@ class Worker:
                 log.info("sweep %s: %s stopped at step %d (checkpoint saved): a later sweep resumes it",
                          self.study.name, name, trial.last_step)  # fmt: skip
                 return
+            if machine_failure(code):  # left running, to resume: its parameters are not to blame
+                error = trial.error_line()
+                self.study.set_attrs(claim, exit_code=code, error=error)
+                self.machine_failed = SweepStopped(
+                    code,
+                    f"{name} ended with exit {code}, a failure of this machine, not of its parameters ({error}); the "
+                    "sweep stops with its code. Fix the cause and re-run the same sweep command: the trial resumes "
+                    "from its checkpoint, finished trials are kept",
+                )
+                log.error("sweep %s: %s", self.study.name, self.machine_failed)
+                return
             best = trial.best()
             if code == 0 and best is not None:
                 self.study.finish(claim, TrialState.COMPLETE, best)
@@ -157,6 +186,8 @@ class Worker:
     def _stop_all(self, arrived: list[int]) -> None:
         if arrived:
             why = f"the sweep received {signal.Signals(arrived[0]).name}"
+        elif self.machine_failed:
+            why = "a trial failed for a reason of this machine's"
         else:
             why = f"{self.stopped_outside} was stopped from outside the sweep (exit 75)"
         for trial in self.running.values():
@@ -165,6 +196,8 @@ class Worker:
             code = trial.wait()
             del self.running[index]
             self._conclude(trial, code)
+        if self.machine_failed and not arrived:
+            raise self.machine_failed
         raise StopRequested(
             f"{why}: its running trials saved a checkpoint; re-run the same sweep command to continue (finished "
             "trials are kept, stopped ones resume)"
@@ -172,10 +205,15 @@ class Worker:
 
 
 def check_outcome(study: SweepStudy) -> None:
-    """A sweep none of whose trials could train is an error (exit 1), not a leaderboard of failures."""
-    trials = study.trials()
+    """A sweep none of whose trials could train is an error, not a leaderboard of failures: it exits with the
+    trials' own code when they share one (2: their config, 3: their data), else 1."""
+    trials = study.counted(study.trials())
     if trials and study.is_done() and all(t.state == TrialState.FAIL for t in trials):
-        raise TrainError(
+        codes = {t.user_attrs.get("exit_code") for t in trials}
+        code = codes.pop() if len(codes) == 1 and None not in codes else 1
+        raise SweepStopped(
+            code,
             f"sweep {study.name}: every trial failed; the first: {trials[0].user_attrs.get('error', '?')} (its log: "
-            f"{study.root}/logs/{trial_name(trials[0].number)}.log)"
+            f"{study.root}/logs/{trial_name(trials[0].number)}.log). Fix the cause, then run them again with "
+            "--retry-failed",
         )

@@ -41,6 +41,13 @@ class Range(BaseModel):
     step: int | float | None = None
     """Only values low + k * step; required under the grid sampler, which needs a finite list."""
 
+    @pydantic.field_validator("low", "high", "step")
+    @classmethod
+    def _finite(cls, value: int | float | None) -> int | float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"{value} is not a finite number")
+        return value
+
 
 class SweepSpec(BaseModel):
     """A sweep's search space file."""
@@ -66,8 +73,8 @@ class SweepSpec(BaseModel):
     """The median pruner prunes nothing until this many trials have finished."""
     prune_warmup_steps: int = Field(0, ge=0)
     """No trial is pruned before this training step (the halving pruner's minimum resource, when set)."""
-    seed: int = 0
-    """Seed of the sampler: the same seed and results give the same trials."""
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Seed of the sampler (0 to 2^31 - 1): the same seed and results give the same trials."""
 
     def grid(self) -> dict[str, list[Choice]]:
         """Each key's grid values (the grid sampler): choices as listed, a range every ``step``."""

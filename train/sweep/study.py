@@ -35,6 +35,8 @@ from train.sweep.space import Range, SweepSpec, is_int_range
 log = logging.getLogger(__name__)
 
 JOURNAL = "study.journal"
+RETRY_OF = "retry_of"
+"""The user attribute of a trial that runs a failed trial's parameters again: that trial's number."""
 CLAIMS = "claims"
 STUDY_LOCK = "study.lock"
 
@@ -132,6 +134,26 @@ class SweepStudy:
     def trials(self) -> list[optuna.trial.FrozenTrial]:
         return self.storage.get_all_trials(self.study._study_id, deepcopy=False)
 
+    @staticmethod
+    def retried(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
+        """The numbers of the failed trials that were queued to run again (``--retry-failed``)."""
+        return {t.user_attrs[RETRY_OF] for t in trials if RETRY_OF in t.user_attrs}
+
+    def counted(self, trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+        """The trials the budget counts: a failed trial run again counts once, as its retry."""
+        retried = self.retried(trials)
+        return [t for t in trials if t.number not in retried and t.state != TrialState.WAITING]
+
+    def retry_failed(self) -> list[int]:
+        """Each failed trial queued to run again with its parameters, as a new trial of its own (the failed one's
+        folder and log are kept); returns the failed trials' numbers."""
+        with self._locked():
+            trials = self.trials()
+            failed = [t for t in trials if t.state == TrialState.FAIL and t.number not in self.retried(trials)]
+            for t in failed:
+                self.study.enqueue_trial(dict(t.params), user_attrs={RETRY_OF: t.number}, skip_if_exists=False)
+        return [t.number for t in failed]
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         fd = os.open(self.root / CLAIMS / STUDY_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -156,7 +178,8 @@ class SweepStudy:
                     os.close(fd)
                     continue
                 return Claim(t.number, t._trial_id, dict(t.params), True, fd)
-            if len(trials) >= self.budget:
+            waiting = any(t.state == TrialState.WAITING for t in trials)  # a failed trial's retry
+            if not waiting and len(self.counted(trials)) >= self.budget:
                 return None
             self.study = self._open(seed=self.spec.seed + len(trials))
             trial = self.study.ask(self.distributions)
@@ -226,4 +249,4 @@ class SweepStudy:
 
     def is_done(self) -> bool:
         trials = self.trials()
-        return len(trials) >= self.budget and all(t.state.is_finished() for t in trials)
+        return len(self.counted(trials)) >= self.budget and all(t.state.is_finished() for t in trials)

@@ -193,12 +193,15 @@ class TrialRun:
         return min(finite) if finite else None
 
     def error_line(self) -> str:
-        """The launcher's own error message, from the end of the trial's log."""
+        """The launcher's own error message, from the end of the trial's log, with its cause: a line that ends in
+        a colon ("error: training failed:") is followed by the lines that say what failed."""
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()[-200:]
         except OSError:
             return ""
-        for line in reversed(lines):
-            if line.startswith(("error:", "stopped:")):
-                return line.strip()
+        for i in range(len(lines) - 1, -1, -1):
+            if lines[i].startswith(("error:", "stopped:")):
+                text = lines[i].strip()
+                cause = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith(" ") else ""
+                return f"{text} {cause}" if text.endswith(":") and cause else text
         return lines[-1].strip() if lines else ""

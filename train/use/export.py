@@ -28,6 +28,7 @@ from torch import nn
 
 from train.atomic import atomic_path, write_json_atomic
 from train.errors import ConfigError, TrainError
+from train.use.outputs import check_output
 from train.use.spectral_real import with_real_spectra
 from train.use.surrogate import Surrogate, TaskCard
 
@@ -190,15 +191,25 @@ def export_task(surrogate: Surrogate, card: TaskCard, fmt: str, path: Path) -> P
 
 
 def export_run(
-    source: str | Path, fmt: str, output: str | Path | None = None, checkpoint: str = "best", task: str | None = None
+    source: str | Path,
+    fmt: str,
+    output: str | Path | None = None,
+    checkpoint: str = "best",
+    task: str | None = None,
+    factory: str | None = None,
+    accept_changed_source: bool = False,
 ) -> list[Path]:
     """Every task of the run (or ``task``) as ``<output or runs/<name>/export>/<task><ext>``; ``output`` ending
-    in the format's extension names the file of a single task."""
-    surrogate = Surrogate.load(source, checkpoint=checkpoint)
-    cards = [surrogate.task(task)] if task is not None else list(surrogate.tasks.values())
+    in the format's extension names the file of a single task. ``factory``: where a model of your own lives now,
+    when it moved since training; one whose file changed since is refused unless ``accept_changed_source``."""
     ext = FORMATS.get(fmt)
     if ext is None:
         raise ConfigError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
+    if output is not None:  # checked before the model is loaded and traced
+        check_output(Path(output), "--output", folder=not str(output).endswith(ext))
+    changed = "warn" if accept_changed_source else "refuse"
+    surrogate = Surrogate.load(source, checkpoint=checkpoint, factory=factory, changed_source=changed)
+    cards = [surrogate.task(task)] if task is not None else list(surrogate.tasks.values())
     if output is not None and str(output).endswith(ext):
         if len(cards) > 1:
             names = ", ".join(c.name for c in cards)

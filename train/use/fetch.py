@@ -9,7 +9,7 @@ from pathlib import Path
 
 from train.checkpoint import BEST
 from train.errors import DataError
-from train.remote.mirror import POINTER, read_pointer
+from train.remote.pointer import POINTER, read_pointer
 from train.remote.restore import fetch_verified
 from train.remote.store import open_remote, sha1_of
 

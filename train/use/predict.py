@@ -25,6 +25,7 @@ from train.data.readers.pdebench import GroupReader, open_reader
 from train.engine.metrics import error_sums, finish, nrmse_by_step
 from train.errors import ConfigError, DataError
 from train.pdes import LAYOUTS
+from train.use.outputs import check_output
 from train.use.surrogate import Surrogate, TaskCard
 
 log = logging.getLogger(__name__)
@@ -144,17 +145,21 @@ def predict_file(
     task: str | None = None,
     device: str = "cpu",
     batch_size: int = 64,
+    factory: str | None = None,
 ) -> dict | None:
     """Predict ``input_path`` with the model of ``source`` into ``output``; returns the scores (or None when the
     input holds no true frames for the predicted ones) and writes them beside the output as JSON."""
     input_path, output = Path(input_path), Path(output)
     if input_path.resolve() == output.resolve():
         raise ConfigError(f"--output {output} is the input file; write the predictions to another file")
-    model = Surrogate.load(source, checkpoint=checkpoint, device=device)
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ConfigError(f"--steps {steps}: give the number of frames to predict, 1 or more")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"--batch-size {batch_size}: give the trajectories per forward pass, 1 or more")
+    check_output(output, "--output", folder=False)  # before the model runs, not after every prediction
+    model = Surrogate.load(source, checkpoint=checkpoint, device=device, factory=factory)
     card, reader = choose_task(model, input_path, task)
     k, n = card.spec.initial_step, reader.n_samples
-    if steps is not None and steps < 1:
-        raise ConfigError(f"--steps {steps}: give the number of frames to predict, 1 or more")
     if card.spec.autoregressive:
         steps = reader.n_frames - k if steps is None else steps
         if steps < 1:

@@ -37,7 +37,7 @@ from train.config import Config, ModelConfig, TrainConfig, migrate_model_keys
 from train.engine.init_from import sha256_of
 from train.engine.objective import advance
 from train.engine.setup import resolve_precision
-from train.errors import ConfigError, DataError, TrainError
+from train.errors import ConfigError, DataError, PreflightError, TrainError
 from train.model.builtin import MODELS
 from train.model.factory import build_model, factory_source
 from train.model.specs import TaskSpec
@@ -126,13 +126,16 @@ class Surrogate:
         precision: str | None = None,
         factory: str | None = None,
         b2_api=None,
+        changed_source: str = "warn",
     ) -> Surrogate:
         """A run folder (its ``checkpoints/best.pt``, else its newest step checkpoint), a checkpoint file, or a
         run's remote copy ``b2://bucket/prefix/<run name>`` (the verified checkpoint it lists, fetched once).
 
         ``checkpoint``: 'best', 'latest' or a path, for a run folder. ``precision``: fp32, bf16 or fp16; default
         the run's own train.precision (auto: bf16 on GPUs that have it, fp32 on CPU). ``factory``: where a model
-        of your own now lives ('module:function' or 'file.py:function'), when it moved since training."""
+        of your own now lives ('module:function' or 'file.py:function'), when it moved since training.
+        ``changed_source``: what a model file of your own edited since training gets: 'warn' (the weights load
+        into the model as the file defines it now) or 'refuse' (ConfigError, as training and export do)."""
         path = resolve_checkpoint(source, checkpoint, b2_api)
         saved = load_checkpoint(path)
         for key in (CONFIG, SPECS, MODEL):
@@ -151,13 +154,18 @@ class Surrogate:
             where = (saved.get(MODEL_SOURCE) or {}).get("file", model_cfg.name)
             raise ConfigError(
                 f"{path} was trained with model.name={model_cfg.name} (defined in {where}), which cannot be built "
-                f"here: {e}. If the file moved, say where it is now: Surrogate.load(..., factory='path/to/file.py:"
-                "function') (a relative path is read from the current folder)"
+                f"here: {e}. If the file moved, say where it is now: --factory path/to/file.py:function (python -m "
+                "train predict / export), or Surrogate.load(..., factory='path/to/file.py:function') (a relative "
+                "path is read from the current folder)"
             ) from None
-        _check_source(model_cfg.name, saved.get(MODEL_SOURCE), path)
+        _check_source(model_cfg.name, saved.get(MODEL_SOURCE), path, refuse=changed_source == "refuse")
         load_model_state(model, saved[MODEL], path)
-        device = torch.device(device)
+        device = _device(device)
         requested = precision or saved[CONFIG].get("train", {}).get("precision", TrainConfig().precision)
+        if requested not in PRECISIONS:
+            raise ConfigError(
+                f"precision={requested!r}: choose one of {', '.join(PRECISIONS)} (default: the run's own)"
+            )
         resolved = resolve_precision(requested, device)
         log.info("loaded %s (model %s, tasks %s) on %s", path, model_cfg.name, ", ".join(tasks), device)
         return cls(model.to(device), tasks, saved[CONFIG], path, device, resolved)
@@ -185,13 +193,16 @@ class Surrogate:
         card = self.task(task)
         if not card.spec.autoregressive:
             raise ConfigError(f"task {card.name} is steady (no time axis): use predict, not rollout")
-        if steps < 1:
-            raise ConfigError(f"steps={steps}: a rollout predicts at least one frame")
-        return self._batched(card, initial, batch_size, lambda x: self._roll(card, x, steps))
+        if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
+            raise ConfigError(f"steps={steps!r}: a rollout predicts a whole number of frames, at least one")
+        return self._batched(card, initial, batch_size, lambda x: self._roll(card, x, int(steps)))
 
     # -- internals -------------------------------------------------------------------------------------------
 
     def _batched(self, card: TaskCard, inputs: Array, batch_size: int, run: Callable) -> Array:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size!r}: samples per forward pass, a whole number of at least 1")
+        batch_size = int(batch_size)
         as_numpy = isinstance(inputs, np.ndarray)
         x = torch.from_numpy(np.asarray(inputs, np.float32)) if as_numpy else inputs
         if not isinstance(x, torch.Tensor):
@@ -200,6 +211,13 @@ class Surrogate:
         if x.dim() != len(want) or tuple(x.shape[1:]) != want[1:]:
             raise ConfigError(
                 f"task {card.name}: inputs of shape {tuple(x.shape)}; this model takes {want} (channels last)"
+            )
+        finite = torch.isfinite(x.detach()).flatten(1).all(dim=1) if len(x) else torch.ones(0, dtype=torch.bool)
+        if not bool(finite.all()):
+            bad = int((~finite).nonzero()[0, 0])
+            raise DataError(
+                f"task {card.name}: sample {bad} of the inputs holds NaN or inf ({int((~finite).sum())} of "
+                f"{len(x)} samples do); a model's predictions from them would be NaN. Clean or drop those samples"
             )
         where = x.device
         outs = [run(x[i : i + batch_size].to(self.device, torch.float32)) for i in range(0, len(x), batch_size)]
@@ -233,6 +251,27 @@ class Surrogate:
         return self._physical(card, torch.stack(frames, dim=1))
 
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def _device(device: str | torch.device) -> torch.device:
+    """``device`` as torch names it, refused (PreflightError, exit 4) when this machine has no such device."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device={device!r}: not a device name ({e}); use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = "this PyTorch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise PreflightError(f"device={device}: {why}; use device='cpu'")
+        if device.index is not None and device.index >= count:
+            raise PreflightError(f"device={device}: this machine shows {count} GPU(s) (cuda:0 to cuda:{count - 1})")
+    elif device.type != "cpu":
+        raise ConfigError(f"device={device}: only cpu and cuda devices are supported")
+    return device
+
+
 def _cards_of_run(folder: Path, path: Path) -> dict:
     """An older checkpoint's task cards, from the caches its run folder names (when they are still there)."""
     from train.run_dir import RunDir
@@ -259,12 +298,19 @@ def _model_config(saved: dict, path: Path, factory: str | None) -> ModelConfig:
         raise DataError(f"{path}: its model settings cannot be read by this version ({e})") from None
 
 
-def _check_source(name: str, recorded: dict | None, path: Path) -> None:
-    """A model of your own whose file changed since training: said, not refused (the weights still load only
-    into matching shapes, and using an edited model may be what is wanted)."""
+def _check_source(name: str, recorded: dict | None, path: Path, refuse: bool = False) -> None:
+    """A model of your own whose file changed since training: said (the weights still load only into matching
+    shapes, and using an edited model may be what is wanted), or with ``refuse`` a ConfigError (an export would
+    ship the edited model under the trained weights' name)."""
     if not recorded:
         return
     now = factory_source(name)
+    if now is not None and now["sha256"] != recorded.get("sha256") and refuse:
+        raise ConfigError(
+            f"{path} was trained with {recorded.get('file')} as it was then (SHA-256 "
+            f"{str(recorded.get('sha256'))[:12]}); that file has changed since ({now['sha256'][:12]} now). Put the "
+            "source back, or pass --accept-changed-model-source if the edited model is what you want to export"
+        )
     if now is not None and now["sha256"] != recorded.get("sha256"):
         log.warning(
             "%s was trained with %s as it was then (SHA-256 %s); that file has changed since (%s): the weights are "

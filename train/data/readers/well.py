@@ -38,6 +38,56 @@ def _names(value) -> list[str]:
     return [_text(v) for v in np.atleast_1d(value)] if value is not None else []
 
 
+AGREE = {
+    "name": "dataset_name",
+    "dims": "spatial dims",
+    "sizes": "resolution",
+    "n_time": "number of time steps",
+    "fields": "fields (group, name, time-varying)",
+    "scalars": "constant scalars, in order",
+    "boundary": "boundary conditions ([lower, upper] per axis: WALL=0, OPEN=1, PERIODIC=2)",
+}
+"""What every file of a dataset must share (a file that differs would be read with another file's channels,
+boundary codes or scalars), and how each is named in a message."""
+
+
+def _signature(info: dict) -> dict:
+    return {
+        "name": info["name"],
+        "dims": info["dims"],
+        "sizes": info["sizes"],
+        "n_time": info["n_time"],
+        "fields": [(fl.group, fl.name, fl.time_varying) for fl in info["fields"]],
+        "scalars": [s.name for s in info["scalars"] if not s.time_varying],
+        "boundary": info["boundary"],
+    }
+
+
+def _same_dataset(path: Path, theirs: dict, first: Path, ours: dict, what: str) -> None:
+    for key, words in AGREE.items():
+        if theirs[key] != ours[key]:
+            raise DataError(
+                f"{path}: {words} {theirs[key]} differ from {ours[key]} in {first}; all files of a {what} must come "
+                "from one dataset (replace the file, or move it out of the dataset's folder)"
+            )
+
+
+def check_splits_agree(splits: dict[str, list[Path]]) -> None:
+    """Every file of every split against the train split's first file (the data stage's check: a test file of
+    another dataset or boundary would otherwise be scored with train's channels and codes). DataError names both
+    files and what differs."""
+    readers = {split: WellReader(paths) for split, paths in splits.items() if paths}
+    try:
+        train = readers["train"]
+        for split, reader in readers.items():
+            if split != "train":
+                _same_dataset(reader.path, _signature(reader.files_info[0]), train.path,
+                              _signature(train.files_info[0]), "dataset's splits")  # fmt: skip
+    finally:
+        for reader in readers.values():
+            reader.close()
+
+
 class _Field:
     """One dataset of a field or scalar group, with its flags and the channels it flattens to."""
 
@@ -229,21 +279,8 @@ class WellReader:
         return out
 
     def _check_consistent(self) -> None:
-        first = self.files_info[0]
-        layout = lambda info: [(fl.group, fl.name, fl.time_varying) for fl in info["fields"]]  # noqa: E731
         for path, info in zip(self.paths[1:], self.files_info[1:], strict=True):
-            for key, what in (("name", "dataset_name"), ("dims", "spatial dims"), ("sizes", "resolution"),
-                              ("n_time", "number of time steps")):  # fmt: skip
-                if info[key] != first[key]:
-                    raise DataError(
-                        f"{path}: {what} {info[key]} differs from {first[key]} in {self.paths[0]}; all files of a "
-                        "split must come from one dataset"
-                    )
-            if layout(info) != layout(first):
-                raise DataError(
-                    f"{path}: fields {[n for _, n, _ in layout(info)]} differ from {[n for _, n, _ in layout(first)]} "
-                    f"in {self.paths[0]}; all files of a split must hold the same fields"
-                )
+            _same_dataset(path, _signature(info), self.paths[0], _signature(self.files_info[0]), "split")
 
     def _stride(self, block: np.ndarray, space_at: int) -> np.ndarray:
         if self.spatial_stride == 1:

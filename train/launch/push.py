@@ -7,6 +7,8 @@ import logging
 
 from train.config import Config, run_identity
 from train.errors import ConfigError, PreflightError
+from train.launch.run_lock import RunLock
+from train.remote.lease import RemoteLease
 from train.remote.mirror import RunMirror
 from train.remote.restore import check_remote_config
 from train.remote.store import Remote, open_remote
@@ -15,10 +17,10 @@ from train.run_dir import RunDir
 log = logging.getLogger(__name__)
 
 
-def catch_up(cfg: Config, run: RunDir, remote: Remote) -> bool:
+def catch_up(cfg: Config, run: RunDir, remote: Remote, lease: RemoteLease | None = None) -> bool:
     """Mirror whatever of ``run`` the remote lacks (its newest checkpoint, best.pt, metrics, report, logs),
     waiting up to run.remote_wait_s; True when the remote holds it all (what is missing is logged)."""
-    mirror = RunMirror(remote, run, cfg.train.keep_checkpoints, identity=run_identity(cfg))
+    mirror = RunMirror(remote, run, cfg.train.keep_checkpoints, identity=run_identity(cfg), lease=lease)
     return mirror.start().finish(cfg.run.remote_wait_s)
 
 
@@ -32,7 +34,11 @@ def push_run(cfg: Config, b2_api=None) -> None:
         raise ConfigError(f"{run.root} holds no run (no config.yaml): check --run and run.runs_dir")
     remote = open_remote(cfg.run.remote, run.root.name, b2_api, run.root)
     check_remote_config(cfg, remote)
-    if not catch_up(cfg, run, remote):
+    # A launch of the run mirrors it itself: push waits for no one (exit 4 while the run is in use, here or on
+    # another box holding the remote's lease).
+    with RunLock(run), RemoteLease(remote, cfg.run.remote_lease_s) as lease:
+        complete = catch_up(cfg, run, remote, lease)
+    if not complete:
         raise PreflightError(
             f"remote: {remote.url} does not hold all of {run.root} (the warnings above say what is missing); run "
             "the same command again once the remote is reachable and has room"
