@@ -8,7 +8,9 @@ Each check prints one PASS/FAIL line and writes a JSON record under ``runs/gpu-c
 - ``unet_syncbn``: the U-Net with batch normalisation made synchronous, trained on two ranks of one GPU;
 - ``resume``: a run SIGKILLed after a checkpoint and resumed ends bitwise equal to an uninterrupted one;
 - ``speed``: step time, GPU utilisation, data wait and peak GPU memory of the default config and of the scale
-  benchmark's published-size advection file (10,000 x 201 x 1024, 8.2 GB, mapped in place).
+  benchmark's published-size advection file (10,000 x 201 x 1024, 8.2 GB, mapped in place);
+- ``ceiling``: the default FNOs' step with their data already on the GPU (train.bench.gpu_ceiling), the ceiling
+  the trainer's figures are measured against.
 
 Without a CUDA device it says so and exits 0 having run nothing. Exit 1 when a check fails.
 """
@@ -213,6 +215,17 @@ def check_speed() -> dict:
     return {"passed": default["passed"] and scale["passed"], "default": default, "advection_8gb": scale}
 
 
+def check_ceiling() -> dict:
+    import torch
+
+    from train.bench.gpu_ceiling import ceiling
+
+    rows = ceiling(torch.device("cuda"))
+    measured = [r for r in rows if "samples_per_s" in r and r["task"] == "advection1d"]
+    best = max(measured, key=lambda r: r["samples_per_s"], default=None)
+    return {"passed": not any("error" in r for r in rows), "best_advection1d": best, "rows": rows}
+
+
 CHECKS = {
     "smoke": check_smoke,
     "fno_bf16": check_fno_bf16,
@@ -220,6 +233,7 @@ CHECKS = {
     "unet_syncbn": check_unet_syncbn,
     "resume": check_resume,
     "speed": check_speed,
+    "ceiling": check_ceiling,
 }
 
 

@@ -256,3 +256,12 @@ def test_a_residual_model_predicts_the_change_from_the_last_frame(name):
         torch.nn.init.zeros_(p)  # the change is zero: the prediction is the last frame's predicted channels
     x = torch.randn(2, 2, 32, 32, 3)
     torch.testing.assert_close(model.eval()({"w": x})["w"], x[:, -1, ..., :2])
+
+
+def test_the_gpu_ceiling_benchmark_runs_its_steps_at_toy_size_on_a_cpu():
+    """make gpu-check's ceiling (the FNOs' step with the data on the device) is run by no CI: its code runs here."""
+    from train.bench.gpu_ceiling import TOY, ceiling
+
+    rows = ceiling(torch.device("cpu"))
+    assert [(r["task"], r["batch"], r["mode"]) for r in rows] == TOY
+    assert all(r["samples_per_s"] > 0 and 0.5 < r["loss"] < 2.0 for r in rows), rows  # random data: loss about 1
