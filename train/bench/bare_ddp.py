@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     dist.barrier()  # no rank tears down its gloo group while the other still uses it
+    # DDP's reducer is freed while the group lives: freed after it (at the function's return), the last reference
+    # to a gloo group joins gloo's threads while holding the GIL they wait for, and the rank never exits.
+    del ddp
     dist.destroy_process_group()
     return 0
 

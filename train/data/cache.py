@@ -361,8 +361,8 @@ def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bo
             theirs, ours = reader.describe(), train.describe()
             for key in sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k)):
                 raise DataError(
-                    f"{reader.path}: {key} {theirs.get(key)} differ from the train file {train.path}'s "
-                    f"{ours.get(key)}; the splits must come from one dataset"
+                    f"{reader.path}: {key} {theirs.get(key)}, but {ours.get(key)} in the train file {train.path}; "
+                    "the splits must come from one dataset"
                 )
             plan[split] = (reader, range(reader.n_samples), False)
     return plan

@@ -39,13 +39,13 @@ def _names(value) -> list[str]:
 
 
 AGREE = {
-    "name": "dataset_name",
-    "dims": "spatial dims",
-    "sizes": "resolution",
-    "n_time": "number of time steps",
-    "fields": "fields (group, name, time-varying)",
-    "scalars": "constant scalars, in order",
-    "boundary": "boundary conditions ([lower, upper] per axis: WALL=0, OPEN=1, PERIODIC=2)",
+    "name": "dataset_name {} differs",
+    "dims": "spatial dims {} differ",
+    "sizes": "resolution {} differs",
+    "n_time": "number of time steps {} differs",
+    "fields": "fields (group, name, time-varying) {} differ",
+    "scalars": "constant scalars, in order, {} differ",
+    "boundary": "boundary conditions ([lower, upper] per axis: WALL=0, OPEN=1, PERIODIC=2) {} differ",
 }
 """What every file of a dataset must share (a file that differs would be read with another file's channels,
 boundary codes or scalars), and how each is named in a message."""
@@ -67,7 +67,7 @@ def _same_dataset(path: Path, theirs: dict, first: Path, ours: dict, what: str) 
     for key, words in AGREE.items():
         if theirs[key] != ours[key]:
             raise DataError(
-                f"{path}: {words} {theirs[key]} differ from {ours[key]} in {first}; all files of a {what} must come "
+                f"{path}: {words.format(theirs[key])} from {ours[key]} in {first}; all files of a {what} must come "
                 "from one dataset (replace the file, or move it out of the dataset's folder)"
             )
 
