@@ -82,8 +82,16 @@ def pytest_report_header(config):
 
 
 @pytest.fixture(scope="session")
-def local_sweep(tmp_path_factory):
-    """The shared grid sweep (tests/sweeps.py) on this machine, killed mid-trial and continued, once a session."""
-    from tests.sweeps import run_killed_and_continued
+def farm(tmp_path_factory):
+    """The farm of trained runs (tests/farm.py): the whole ``make test``'s when it set one, else this session's."""
+    from tests.farm import Farm
+    from tests.tiers import FARM_ENV
 
-    return run_killed_and_continued(tmp_path_factory.mktemp("local-sweep"))
+    root = os.environ.get(FARM_ENV)
+    return Farm(Path(root) if root else tmp_path_factory.mktemp("farm"))
+
+
+@pytest.fixture(scope="session")
+def local_sweep(farm):
+    """The shared grid sweep (tests/sweeps.py) on this machine, killed mid-trial and continued, once a session."""
+    return farm.sweep()

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.farm import OBJECTIVES, final_weights, fit_argv
 from tests.helpers import REPO, folders, run_cli
 from train.checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, load_checkpoint
 from train.obs.procmem import child_pids
@@ -26,37 +27,11 @@ from train.obs.sinks import read_metrics
 
 pytestmark = pytest.mark.integration
 
-# 160 steps of about 20 ms: a window of seconds in which to interrupt the run at a random step.
-LONG = [
-    "--set", "train.epochs=4", "--set", "train.steps_per_epoch=40", "--set", "train.checkpoint_every=10",
-    "--set", "train.log_every=1", "--set", "model.transformer.d_model=64", "--set", "model.transformer.n_layers=2",
-    "--set", "model.transformer.dropout=0.1",  # randomness inside the step must replay too
-]  # fmt: skip
-
-
-def fit_argv(tmp: Path, run: str, *extra: str) -> list[str]:
-    return ["fit", "--config", "configs/tiny.yaml", "--nproc", "2", "--run", run, *LONG, *folders(tmp), *extra]
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    path = latest_checkpoint(run_dir / "checkpoints")
-    state = load_checkpoint(path)
-    assert state["progress"]["epoch"] == 4 and state["progress"]["global_step"] == 160, (path, state["progress"])
-    return state["model"]
-
-
-# The default objective, and one whose steps draw how far they roll out: both must replay exactly.
-OBJECTIVES = {"one_step": [], "pushforward": ["--set", "train.objective=pushforward", "--set", "train.rollout_steps=3"]}
-
 
 @pytest.fixture(scope="module", params=list(OBJECTIVES))
-def reference(request, tmp_path_factory) -> tuple[list[str], dict[str, torch.Tensor]]:
-    """The uninterrupted run of an objective: its extra arguments and final weights."""
-    extra = OBJECTIVES[request.param]
-    tmp = tmp_path_factory.mktemp("reference")
-    proc = run_cli(*fit_argv(tmp, "reference", *extra))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return extra, final_weights(tmp / "runs" / "reference")
+def reference(request, farm) -> tuple[list[str], dict[str, torch.Tensor]]:
+    """The uninterrupted run of an objective (the farm's): its extra arguments and final weights."""
+    return OBJECTIVES[request.param], farm.reference(request.param)
 
 
 def assert_bitwise_equal(weights: dict, reference: dict) -> None:

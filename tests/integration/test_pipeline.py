@@ -18,16 +18,13 @@ TINY = ["--config", "configs/tiny.yaml", "--nproc", "2"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """One tiny training run, shared by the tests that inspect what it wrote."""
-    tmp = tmp_path_factory.mktemp("pipeline")
-    proc = run_cli("run", *TINY, *folders(tmp))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return tmp, proc
+def trained(tmp_path_factory, farm):
+    """A copy of the farm's tiny run (data, caches, run folder), shared by the tests that launch into it."""
+    return farm.tiny(into=tmp_path_factory.mktemp("pipeline"))
 
 
-def test_run_writes_the_run_folder_contract(trained):
-    tmp, _ = trained
+def test_run_writes_the_run_folder_contract(farm):
+    tmp = farm.tiny()  # read only: the farm's own
     run = tmp / "runs" / "tiny"
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert config["run"]["name"] == "tiny" and set(config["tasks"]) == {"advection1d", "darcy2d"}
@@ -82,7 +79,7 @@ def test_run_writes_the_run_folder_contract(trained):
 
 
 def test_rerun_is_a_no_op(trained):
-    tmp, _ = trained
+    tmp = trained
     checkpoints = sorted((tmp / "runs" / "tiny" / "checkpoints").iterdir())
     before = {p: p.stat().st_mtime_ns for p in checkpoints}
     report = tmp / "runs" / "tiny" / "report" / "summary.json"
@@ -96,7 +93,7 @@ def test_rerun_is_a_no_op(trained):
 
 
 def test_a_run_folder_belongs_to_one_config(trained):
-    tmp, _ = trained
+    tmp = trained
     # DataLoader workers too: the datasets travel to them as paths and map the caches themselves.
     more = ["--set", "train.epochs=3", "--set", "train.num_workers=2", "--run", "tiny_more"]
     proc = run_cli("fit", *TINY, *folders(tmp), *more)
@@ -110,7 +107,7 @@ def test_a_run_folder_belongs_to_one_config(trained):
 
 
 def test_an_interrupted_run_resumes_from_its_newest_checkpoint(trained):
-    tmp, _ = trained
+    tmp = trained
     # The state a crash during epoch 2 leaves behind: epoch 1's checkpoint, no report.
     shutil.copytree(tmp / "runs" / "tiny", tmp / "runs" / "tiny_resume")
     (tmp / "runs" / "tiny_resume" / "checkpoints" / "step_00000010.pt").unlink()
@@ -124,7 +121,7 @@ def test_an_interrupted_run_resumes_from_its_newest_checkpoint(trained):
 
 
 def test_evaluate_alone_rewrites_the_report(trained):
-    tmp, _ = trained
+    tmp = trained
     report = tmp / "runs" / "tiny" / "report" / "summary.json"
     report.unlink()
     proc = run_cli("evaluate", *TINY, *folders(tmp))
@@ -141,7 +138,7 @@ def test_single_process_run(tmp_path):
 
 
 def test_latent_cache_run_trains_around_a_frozen_encoder(trained):
-    tmp, _ = trained
+    tmp = trained
     encoder = tmp / "runs" / "tiny" / "checkpoints" / "step_00000010.pt"
     latent_args = [f"--set=tasks.{name}.latent_encoder={encoder}" for name in ("advection1d", "darcy2d")]
     proc = run_cli("run", *TINY, *folders(tmp), "--run", "latent", *latent_args)

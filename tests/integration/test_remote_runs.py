@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.b2sim import SENTINEL_KEY, Account
+from tests.farm import final_weights, fit_argv
 from tests.helpers import REPO, folders, launch_in_background, run_cli, wait_for
-from tests.integration.test_faults import assert_bitwise_equal, final_weights, fit_argv, start, wait_for_step
+from tests.integration.test_faults import assert_bitwise_equal, start, wait_for_step
 from train.checkpoint import checkpoint_name, latest_checkpoint
 from train.config import load_config
 from train.errors import Preempted
@@ -33,12 +34,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
-    """The final weights of the uninterrupted run, without any remote."""
-    tmp = tmp_path_factory.mktemp("reference")
-    proc = run_cli(*fit_argv(tmp, "run"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return final_weights(tmp / "runs" / "run")
+def reference(farm) -> dict:
+    """The final weights of the uninterrupted run, without any remote (the farm's)."""
+    return farm.reference("one_step")
 
 
 def lose_the_machine(tmp: Path) -> None:
@@ -176,11 +174,10 @@ def test_a_remote_inside_the_run_folder_is_refused_before_anything_runs(tmp_path
     assert "is its own run folder" in proc.stderr and not (tmp_path / "data").exists()
 
 
-def test_a_remote_that_fell_behind_catches_up_by_push_and_by_any_relaunch(tmp_path):
+def test_a_remote_that_fell_behind_catches_up_by_push_and_by_any_relaunch(tmp_path, farm):
     """A finished run whose remote got nothing (here: none was set; an unreachable or full one ends the same):
     `push` sends it, and a relaunch with nothing left to train brings another remote up to date as well."""
-    proc = run_cli("run", "--config", "configs/tiny.yaml", *folders(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    farm.tiny(into=tmp_path)  # a finished tiny run
     for how, remote in (("push", tmp_path / "pushed"), ("run", tmp_path / "caught-up")):
         proc = run_cli(how, "--config", "configs/tiny.yaml", "--set", f"run.remote={remote}", *folders(tmp_path))
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.farm import fit_argv
 from tests.helpers import folders, run_cli
-from tests.integration.test_faults import DIVERGING, fit_argv, start, wait_for_step
+from tests.integration.test_faults import DIVERGING, start, wait_for_step
 from tests.wandb_offline import offline_runs
 from train.obs.sinks import read_metrics
 
