@@ -169,11 +169,13 @@ def _use(args: argparse.Namespace) -> None:
             print(f"exported {path}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, exiting: bool = False) -> int:
+    """The command line; ``exiting``: the process ends with this command (``python -m train``), see
+    :func:`stop_on_signals`."""
     args = parser().parse_args(argv)
     setup_logging("launcher")
     try:
-        with stop_on_signals():
+        with stop_on_signals(exiting):
             _dispatch(args)
     except TrainError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -28,6 +28,7 @@ def test_an_error_raised_in_the_ranks_keeps_its_code_and_first_message(tmp_path)
     assert len(torchrun_logs) == 2, "each rank's own stdout/stderr file"
 
 
+@pytest.mark.waits
 def test_a_node_that_never_arrives_ends_the_rendezvous_in_bounded_time(tmp_path):
     env = {"NNODES": "2", "NODE_RANK": "0", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
     start = time.monotonic()
@@ -151,6 +152,7 @@ def test_a_rank_that_aborts_after_its_peers_config_error_is_not_blamed(tmp_path)
     assert "rank 0 found a bad setting (tasks.x.y)" in summary
 
 
+@pytest.mark.waits
 def test_a_port_held_by_a_program_that_never_answers_ends_node_1_in_bounded_time(tmp_path):
     """It accepts the connection and says nothing: before, node 1 hung for as long as that program lived."""
     with socket.socket() as holder:

@@ -109,6 +109,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.waits
 def test_a_launch_waits_for_processes_of_the_previous_one_and_refuses_when_they_linger(tmp_path):
     """A process still holding the ranks' lock (a rank or DataLoader worker of an earlier launch) keeps the
     folder busy: the launch waits for it a while, then stops with exit 4 saying what holds it."""

@@ -50,3 +50,22 @@ def test_a_lost_stop_ends_the_command_with_its_exit_code_at_the_end_of_the_block
     with pytest.raises(StopRequested), stop_on_signals():
         StopRequested.pending = "stopped by SIGTERM outside the training"  # the exception itself was lost
     assert StopRequested.pending is None
+
+
+@pytest.mark.parametrize("sig", ["SIGUSR1", "SIGTERM"])
+def test_a_stop_arriving_as_the_command_exits_leaves_its_exit_code(sig):
+    """SLURM may deliver its --signal again, or the time limit's, to a job whose command has just ended: the work
+    is over, nothing is left to stop, and the job must end with the command's code, not as killed by the signal."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    code = (
+        "import os, signal, sys\n"
+        "sys.argv = ['train', 'doctor', '--config', '/nonexistent/config.yaml']\n"
+        "import train.__main__\n"  # runs the command as `python -m train` does, then exits with its code
+    )
+    after = f"import atexit, os, signal; atexit.register(lambda: os.kill(os.getpid(), signal.{sig}))\n"
+    proc = subprocess.run([sys.executable, "-c", after + code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])

@@ -38,8 +38,13 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """Turn SIGTERM, SIGUSR1 and SIGHUP into StopRequested for the duration of the block (main thread only)."""
+def stop_on_signals(exiting: bool = False) -> Iterator[None]:
+    """Turn SIGTERM, SIGUSR1 and SIGHUP into StopRequested for the duration of the block (main thread only).
+
+    ``exiting``: the block is the process's whole command; after it the stop signals are ignored rather than
+    given back their handlers. SLURM may deliver its signal again, or the time limit's, to a job whose command has
+    just ended; nothing is left to stop, and the job must end with the command's code (a requeued array task
+    that found no trial left is COMPLETED), not as killed by the signal while the interpreter shuts down."""
     StopRequested.pending = None
     previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
     try:
@@ -48,7 +53,7 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         StopRequested.pending = None
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if exiting else handler)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ for power-of-two sizes.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -21,6 +22,21 @@ from train.config import FNOConfig
 from train.model.specs import TaskSpec
 
 PROJECTION_WIDTH = 128
+
+
+def eager_under_compile(fn):
+    """``torch.compiler.disable(fn)``, made at the first call rather than at import: the decorator imports
+    dynamo (and sympy), seconds of every process that imports the models (the launcher, each rank) when nothing
+    compiles at all."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        disabled = getattr(fn, "_eager_under_compile", None)
+        if disabled is None:
+            disabled = fn._eager_under_compile = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return call
 
 
 class SpectralConv(nn.Module):
@@ -44,7 +60,7 @@ class SpectralConv(nn.Module):
 
     # Runs eagerly under torch.compile (a graph break around it): the compiled backward of complex tensors fails
     # (torch 2.13: "must be 1 to view ComplexFloat as Float"), while the layers around it compile.
-    @torch.compiler.disable
+    @eager_under_compile
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dims = tuple(range(2, x.dim()))
         with torch.autocast(x.device.type, enabled=False):
