@@ -8,7 +8,8 @@ while any other that needs it waits, and is marked complete only when its build 
 is built again by the next test that asks, which then fails with the build's own message.
 
 Entries: ``tiny`` (``python -m train run`` of configs/tiny.yaml on 2 ranks: data, caches, the run folder with
-checkpoints and report), ``reference-<objective>`` (the 160-step uninterrupted run that interrupted runs must
+checkpoints and report), ``fno`` (the same config's tasks learnt by a small FNO on one rank),
+``reference-<objective>`` (the 160-step uninterrupted run that interrupted runs must
 end bitwise equal to, for each objective of :data:`OBJECTIVES`) and ``sweep`` (tests/sweeps.py's grid, killed
 mid-trial and continued).
 """
@@ -38,6 +39,7 @@ LONG = [
 # The default objective, and one whose steps draw how far they roll out: both must replay exactly.
 OBJECTIVES = {"one_step": [], "pushforward": ["--set", "train.objective=pushforward", "--set", "train.rollout_steps=3"]}
 TINY = ["--config", "configs/tiny.yaml", "--nproc", "2"]
+FNO = ["--set", "model.name=fno", "--set", "model.fno.modes=8", "--set", "model.fno.width=8"]
 
 
 def fit_argv(tmp: Path, run: str, *extra: str) -> list[str]:
@@ -86,6 +88,10 @@ class Farm:
         """The tiny run's folder root (``data/``, ``cache/``, ``runs/tiny/``); ``into``: a copy of it there."""
         return self.entry("tiny", _tiny) if into is None else self.copy("tiny", _tiny, into)
 
+    def fno(self) -> Path:
+        """The run folder of the tiny FNO run (both tiny tasks, one rank, :data:`FNO` settings), for reading."""
+        return self.entry("fno", _fno) / "runs" / "base"
+
     def reference(self, objective: str) -> dict[str, torch.Tensor]:
         """The final weights of the uninterrupted LONG run of ``objective``."""
         folder = self.entry(f"reference-{objective}", lambda f: _reference(f, objective))
@@ -110,6 +116,11 @@ class Farm:
 
 def _tiny(folder: Path) -> None:
     proc = run_cli("run", *TINY, *folders(folder))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _fno(folder: Path) -> None:
+    proc = run_cli("run", "--config", "configs/tiny.yaml", "--nproc", "1", "--run", "base", *FNO, *folders(folder))
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 

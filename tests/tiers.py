@@ -1,17 +1,18 @@
-"""``make test``: every tier of the suite, in two lanes at once, each tier a pytest process of its own.
+"""``make test``: every tier of the suite, two pytest processes at a time, each tier (or part of one) a pytest
+process of its own.
 
-The compute lane runs the tiers that keep the cores busy (unit, then integration) one after another; the
-waiting lane, beside it, runs those that mostly wait (the out-of-core run inside its memory cgroup, the two
-boxes of the multinode tier, the integration tests marked ``waits``, SLURM's time-limit clock, and the container
-tier, which waits for Docker's provisioning) and the distributed tier, which balances the two. A tier's output
-is held in a log and printed whole when it ends, so two tiers never interleave; each has its own pytest
-summary (and ``--durations`` list). The end is a table of every tier: its tests, its
-result and its wall time.
+Two workers take the tiers from one queue, in the order of :func:`queue`: the longest and those that mostly wait
+first (SLURM's time-limit clock), the integration tier in parts of a few minutes between them, so that neither
+worker idles while the other still has most of the work (the tiers that wait, the out-of-core run inside its
+memory cgroup, the multinode tier's two boxes, share the cores with those that compute). The container tier
+comes last: Docker's provisioning runs in the background until then. A tier's output is held in a log and
+printed whole when it ends, so two tiers never interleave; each has its own pytest summary (and
+``--durations`` list). The end is a table of every tier: its tests, its result and its wall time.
 
 The exit code is the first failing tier's own (pytest's: 1 a test failed, 2 interrupted, 3 an internal error,
 4 a usage error), or 5 when no tier ran a test. ``python -m tests.tiers [pytest arguments]``; the arguments go
 to every tier (``-k`` may leave a tier with nothing to run, which alone is no failure; a ``-m`` replaces the
-split of tests/integration between the integration and waits tiers).
+split of tests/integration between its parts and the waits tier).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 NO_TESTS = 5
+WORKERS = 2
+"""Tiers run at once: CI's 2 cores (each tier that trains runs 2 ranks)."""
 FARM_ENV = "TRAIN_TEST_FARM"
 """The farm of trained runs every tier shares (tests/farm.py), a folder of this run's."""
 
@@ -44,23 +47,36 @@ class Tier:
     summary: str = ""
 
 
-def lanes() -> list[list[Tier]]:
-    """The two lanes, about equal in time on 2 cores: each tier that computes keeps both cores busy (two ranks),
-    so the lane beside it gets the tiers that wait and as much computing as balances them."""
-    out_of_core = ["tests/integration/test_out_of_core.py"]
-    compute = [
-        Tier("unit", ["tests/unit"]),
-        Tier("integration", ["tests/integration"], ignore=out_of_core, marks="not waits"),
-    ]
-    beside = [
+INTEGRATION = "tests/integration"
+OUT_OF_CORE = f"{INTEGRATION}/test_out_of_core.py"
+# The integration tier's parts, a few minutes each on 2 cores; a file in none of them is in the last part.
+PARTS = {
+    "integration-1": ["test_bench.py", "test_training_quality.py", "test_3d_runs.py"],
+    "integration-2": ["test_faults.py", "test_remote_runs.py", "test_tracking.py", "test_data_sources.py"],
+    "integration-3": ["test_sweeps.py", "test_models.py", "test_surrogate.py", "test_well_runs.py"],
+    "integration-4": ["test_full_disk.py", "test_data_changes.py", "test_trainer_runs.py", "test_launcher_signals.py"],
+}
+
+
+def queue() -> list[Tier]:
+    """Every tier, in the order the two workers take them."""
+    parts = {name: [f"{INTEGRATION}/{file}" for file in files] for name, files in PARTS.items()}
+    elsewhere = [OUT_OF_CORE, *(path for paths in parts.values() for path in paths)]
+    part = {name: Tier(name, paths, marks="not waits") for name, paths in parts.items()}
+    return [
         Tier("slurm", ["tests/slurm"]),
-        Tier("waits", ["tests/integration"], ignore=out_of_core, marks="waits"),
-        Tier("out-of-core", out_of_core),
+        part["integration-1"],
+        Tier("unit", ["tests/unit"]),
+        part["integration-2"],
+        part["integration-3"],
+        Tier("out-of-core", [OUT_OF_CORE]),
         Tier("multinode", ["tests/multinode"]),
+        part["integration-4"],
         Tier("distributed", ["tests/distributed"]),
-        Tier("container", ["tests/container"]),  # last: Docker's provisioning runs in the background until then
+        Tier("integration-5", [INTEGRATION], ignore=elsewhere, marks="not waits"),
+        Tier("waits", [INTEGRATION], ignore=[OUT_OF_CORE], marks="waits"),
+        Tier("container", ["tests/container"]),
     ]
-    return [compute, beside]
 
 
 _printing = threading.Lock()
@@ -86,8 +102,12 @@ def run_tier(tier: Tier, pytest_args: list[str], logs: Path) -> None:
         print(text, end="" if text.endswith("\n") else "\n", flush=True)
 
 
-def run_lane(tiers: list[Tier], pytest_args: list[str], logs: Path) -> None:
-    for tier in tiers:
+def work(pending: list[Tier], pytest_args: list[str], logs: Path) -> None:
+    while True:
+        with _printing:
+            if not pending:
+                return
+            tier = pending.pop(0)
         run_tier(tier, pytest_args, logs)
 
 
@@ -99,27 +119,27 @@ def exit_code(tiers: list[Tier]) -> int:
 
 
 def table(tiers: list[Tier], seconds: float) -> str:
-    rows = [f"  {t.name:<12} {t.seconds:7.0f} s   exit {t.code}   {t.summary}" for t in tiers]
-    return "\n".join(["tests: every tier (the two lanes ran at once)", *rows, f"  {'all':<12} {seconds:7.0f} s"])
+    rows = [f"  {t.name:<14} {t.seconds:7.0f} s   exit {t.code}   {t.summary}" for t in tiers]
+    return "\n".join(["tests: every tier (two at a time)", *rows, f"  {'all':<14} {seconds:7.0f} s"])
 
 
 def main(pytest_args: list[str]) -> int:
-    all_lanes = lanes()
+    tiers = queue()
+    pending = list(tiers)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="test-tiers-") as folder:
         # One farm of trained runs for every tier (tests/farm.py): the SLURM tier reads the sweep the
         # integration tier trained, whichever asks first builds it.
         os.environ[FARM_ENV] = str(Path(folder) / "farm")
-        # Two lanes share the cores: a process with a thread per core (a test computing in pytest itself, a
-        # single-rank launch) would spin its OpenMP threads against the other lane's ranks, and two ranks in
+        # Two tiers share the cores: a process with a thread per core (a test computing in pytest itself, a
+        # single-rank launch) would spin its OpenMP threads against the other tier's ranks, and two ranks in
         # lockstep wait for each other's time slices. One thread each, as torchrun gives each of 2 ranks here.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        threads = [threading.Thread(target=run_lane, args=(lane, pytest_args, Path(folder))) for lane in all_lanes]
+        threads = [threading.Thread(target=work, args=(pending, pytest_args, Path(folder))) for _ in range(WORKERS)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-    tiers = [tier for lane in all_lanes for tier in lane]
     print("\n" + table(tiers, time.monotonic() - started), flush=True)
     return exit_code(tiers)
 

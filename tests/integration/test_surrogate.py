@@ -1,6 +1,6 @@
 """A trained run used as users use it: loaded in a fresh process, predicting files, fine-tuned, exported.
 
-One tiny FNO run (both tiny tasks, one rank) is trained once and only read by every test here.
+One tiny FNO run (both tiny tasks, one rank: the farm's, tests/farm.py) is only read by every test here.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.farm import FNO
 from tests.helpers import REPO, folders, run_cli
 from train.checkpoint import latest_checkpoint, load_checkpoint
 from train.errors import DataError, TrainError
@@ -29,16 +30,11 @@ from train.use.predict import predict_file
 
 pytestmark = pytest.mark.integration
 
-FNO = ["--set", "model.name=fno", "--set", "model.fno.modes=8", "--set", "model.fno.width=8"]
-
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """The run folder of a finished tiny FNO run (data, caches and runs under one temporary folder)."""
-    tmp = tmp_path_factory.mktemp("surrogate")
-    proc = run_cli("run", "--config", "configs/tiny.yaml", "--nproc", "1", "--run", "base", *FNO, *folders(tmp))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return tmp / "runs" / "base"
+def trained(farm) -> Path:
+    """The run folder of the farm's finished tiny FNO run (read only: a test that changes it copies it)."""
+    return farm.fno()
 
 
 def report(run: Path) -> dict:

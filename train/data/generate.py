@@ -32,8 +32,6 @@ from typing import Any
 
 import h5py
 import numpy as np
-import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 
 from train.atomic import atomic_path
 from train.errors import StopRequested
@@ -193,8 +191,10 @@ def _smooth(noise: np.ndarray) -> np.ndarray:
     return np.fft.irfft2(np.fft.rfft2(noise) * gain, s=(n, n))
 
 
-def _darcy_matrix(a: np.ndarray) -> sp.csc_matrix:
+def _darcy_matrix(a: np.ndarray):
     """FV operator of -div(a grad .) on the n x n cell grid of (0,1)^2 with u = 0 on the walls (times h^2)."""
+    import scipy.sparse as sp  # imported here: a third of a second of every launcher's and rank's start
+
     n = a.shape[0]
     idx = np.arange(n * n).reshape(n, n)
     cx = 2.0 * a[:-1, :] * a[1:, :] / (a[:-1, :] + a[1:, :])  # harmonic mean: flux continuity across a jump
@@ -218,6 +218,8 @@ def _darcy_matrix(a: np.ndarray) -> sp.csc_matrix:
 
 def darcy_solve(a: np.ndarray, beta: float) -> np.ndarray:
     """Solution u (n, n), float64, of -div(a grad u) = beta on (0,1)^2 with u = 0 on the boundary."""
+    import scipy.sparse.linalg as spla
+
     a = np.asarray(a, dtype=np.float64)
     n = a.shape[0]
     # the operator is symmetric positive definite: a symmetric ordering and no pivoting keep fill-in low

@@ -1,0 +1,31 @@
+"""make test's queue of tiers (tests/tiers.py): every test file in exactly one tier, and the exit code."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tests.helpers import REPO
+from tests.tiers import INTEGRATION, NO_TESTS, OUT_OF_CORE, PARTS, Tier, exit_code, queue
+
+
+def test_every_integration_file_is_in_one_part_and_the_parts_name_real_files():
+    named = [file for files in PARTS.values() for file in files]
+    assert [f for f, n in Counter(named).items() if n > 1] == []
+    assert [f for f in named if not (REPO / INTEGRATION / f).is_file()] == []
+    tiers = queue()
+    rest = next(t for t in tiers if t.name == "integration-5")
+    files = {p.name for p in (REPO / INTEGRATION).glob("test_*.py")}
+    in_rest = files - set(named) - {OUT_OF_CORE.rsplit("/", 1)[1]}
+    assert {p.rsplit("/", 1)[1] for p in rest.ignore} | in_rest == files
+    assert [t.marks for t in tiers if t.paths == [INTEGRATION] or t.name.startswith("integration")].count("waits") == 1
+    assert {t.name for t in tiers} >= {"unit", "distributed", "slurm", "multinode", "container", "out-of-core"}
+
+
+def test_the_exit_code_is_the_first_failing_tiers_and_5_only_when_no_tier_ran_a_test():
+    def tiers(*codes):
+        return [Tier(str(i), [], code=c) for i, c in enumerate(codes)]
+
+    assert exit_code(tiers(0, NO_TESTS, 0)) == 0
+    assert exit_code(tiers(0, 1, 2)) == 1
+    assert exit_code(tiers(NO_TESTS, 2)) == 2
+    assert exit_code(tiers(NO_TESTS, NO_TESTS)) == NO_TESTS
