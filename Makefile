@@ -98,7 +98,7 @@ bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs
 gpu-check: ## On one GPU (minutes): NCCL smoke, bf16 + torch.compile, SyncBatchNorm, bitwise resume, speed -> runs/gpu-check/ (exit 0 without a GPU)
 	$(call checked,scripts/gpu-check.sh $(GPU_CHECKS))
 
-test: install ## Every tier, in two lanes at once (the tiers that wait beside those that compute); a table of times
+test: install ## Every tier, two at a time from one queue (tests/tiers.py); a table of their times
 	$(call checked,$(BIN)/python -m tests.tiers $(PYTEST_ARGS))
 
 test-unit: install ## Unit tests only

@@ -11,9 +11,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def assert_bitwise_equal(weights: dict, reference: dict) -> None:
+    """The final weights of an interrupted run are those of the uninterrupted one, bit for bit."""
+    assert weights.keys() == reference.keys()
+    different = [name for name in weights if not torch.equal(weights[name], reference[name])]
+    assert not different, f"weights differ from the uninterrupted run: {different}"
 
 
 def free_port() -> int:

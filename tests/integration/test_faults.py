@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.farm import OBJECTIVES, final_weights, fit_argv
-from tests.helpers import REPO, folders, run_cli
+from tests.helpers import REPO, assert_bitwise_equal, folders, run_cli
 from train.checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, load_checkpoint
 from train.obs.procmem import child_pids
 from train.obs.sinks import read_metrics
@@ -32,12 +32,6 @@ pytestmark = pytest.mark.integration
 def reference(request, farm) -> tuple[list[str], dict[str, torch.Tensor]]:
     """The uninterrupted run of an objective (the farm's): its extra arguments and final weights."""
     return OBJECTIVES[request.param], farm.reference(request.param)
-
-
-def assert_bitwise_equal(weights: dict, reference: dict) -> None:
-    assert weights.keys() == reference.keys()
-    different = [name for name in weights if not torch.equal(weights[name], reference[name])]
-    assert not different, f"weights differ from the uninterrupted run: {different}"
 
 
 def start(tmp: Path, run: str, *extra: str) -> subprocess.Popen:

@@ -18,8 +18,8 @@ import pytest
 
 from tests.b2sim import SENTINEL_KEY, Account
 from tests.farm import final_weights, fit_argv
-from tests.helpers import REPO, folders, launch_in_background, run_cli, wait_for
-from tests.integration.test_faults import assert_bitwise_equal, start, wait_for_step
+from tests.helpers import REPO, assert_bitwise_equal, folders, launch_in_background, run_cli, wait_for
+from tests.integration.test_faults import start, wait_for_step
 from train.checkpoint import checkpoint_name, latest_checkpoint
 from train.config import load_config
 from train.errors import Preempted

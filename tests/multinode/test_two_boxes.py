@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import startup_s
+from tests.helpers import assert_bitwise_equal, startup_s
 from tests.multinode.hosts import Box
 from train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from train.obs.sinks import read_metrics
@@ -86,12 +86,6 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     state = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
     assert state["progress"]["global_step"] == STEPS, state["progress"]
     return state["model"]
-
-
-def assert_bitwise_equal(weights: dict, reference: dict) -> None:
-    assert weights.keys() == reference.keys()
-    different = [name for name in reference if not torch.equal(weights[name], reference[name])]
-    assert not different, f"weights differ from the uninterrupted run: {different}"
 
 
 @pytest.fixture(scope="module")

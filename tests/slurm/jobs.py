@@ -156,9 +156,3 @@ def final_weights(run_dir: Path, epochs: int, steps: int) -> dict[str, torch.Ten
     state = load_checkpoint(path)
     assert (state["progress"]["epoch"], state["progress"]["global_step"]) == (epochs, steps), (path, state["progress"])
     return state["model"]
-
-
-def assert_bitwise_equal(weights: dict, reference: dict) -> None:
-    assert weights.keys() == reference.keys()
-    different = [name for name in weights if not torch.equal(weights[name], reference[name])]
-    assert not different, f"weights differ from the uninterrupted run: {different}"

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.jobs import Job, assert_bitwise_equal, final_weights, logged_step, render, scontrol, submit
+from tests.helpers import assert_bitwise_equal
+from tests.slurm.jobs import Job, final_weights, logged_step, render, scontrol, submit
 
 # Every wait below is bounded by these; they allow a busy 2-core machine running all scenarios at once.
 START_TIMEOUT = 300  # until a job has trained its first steps
