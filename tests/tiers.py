@@ -1,11 +1,11 @@
-"""``make test``: every tier of the suite, two pytest processes at a time, each tier (or part of one) a pytest
-process of its own.
+"""``make test``: every tier of the suite, two pytest processes at a time (one per 2 cores where there are more
+than 5), each tier (or part of one) a pytest process of its own.
 
-Two workers take the tiers from one queue, in the order of :func:`queue`: the longest and those that mostly wait
-first (SLURM's time-limit clock), the integration tier in parts of a few minutes between them, so that neither
-worker idles while the other still has most of the work (the tiers that wait, the out-of-core run inside its
-memory cgroup, the multinode tier's two boxes, share the cores with those that compute). The container tier
-comes last: Docker's provisioning runs in the background until then. A tier's output is held in a log and
+The workers (:func:`workers`) take the tiers from one queue, in the order of :func:`queue`: the longest and
+those that mostly wait first (SLURM's time-limit clock), the integration tier in parts of a few minutes between
+them, so that no worker idles while another still has most of the work (the tiers that wait, the out-of-core
+run inside its memory cgroup, the multinode tier's two boxes, share the cores with those that compute). The
+container tier comes last: Docker's provisioning runs in the background until then. A tier's output is held in a log and
 printed whole when it ends, so two tiers never interleave; each has its own pytest summary (and
 ``--durations`` list). The end is a table of every tier: its tests, its result and its wall time.
 
@@ -29,8 +29,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 NO_TESTS = 5
-WORKERS = 2
-"""Tiers run at once: CI's 2 cores (each tier that trains runs 2 ranks)."""
+
+
+def workers(cores: int | None = None) -> int:
+    """Tiers run at once: a tier that trains runs 2 ranks, so one per 2 cores, and at least 2 (CI's 2 cores
+    run a tier that waits beside one that computes)."""
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    return max(2, cores // 2)
+
+
 FARM_ENV = "TRAIN_TEST_FARM"
 """The farm of trained runs every tier shares (tests/farm.py), a folder of this run's."""
 
@@ -120,7 +127,7 @@ def exit_code(tiers: list[Tier]) -> int:
 
 def table(tiers: list[Tier], seconds: float) -> str:
     rows = [f"  {t.name:<14} {t.seconds:7.0f} s   exit {t.code}   {t.summary}" for t in tiers]
-    return "\n".join(["tests: every tier (two at a time)", *rows, f"  {'all':<14} {seconds:7.0f} s"])
+    return "\n".join([f"tests: every tier ({workers()} at a time)", *rows, f"  {'all':<14} {seconds:7.0f} s"])
 
 
 def main(pytest_args: list[str]) -> int:
@@ -135,7 +142,7 @@ def main(pytest_args: list[str]) -> int:
         # single-rank launch) would spin its OpenMP threads against the other tier's ranks, and two ranks in
         # lockstep wait for each other's time slices. One thread each, as torchrun gives each of 2 ranks here.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        threads = [threading.Thread(target=work, args=(pending, pytest_args, Path(folder))) for _ in range(WORKERS)]
+        threads = [threading.Thread(target=work, args=(pending, pytest_args, Path(folder))) for _ in range(workers())]
         for thread in threads:
             thread.start()
         for thread in threads:
