@@ -66,7 +66,7 @@ PARTS = {
 
 
 def queue() -> list[Tier]:
-    """Every tier, in the order the two workers take them."""
+    """Every tier, in the order the workers take them."""
     parts = {name: [f"{INTEGRATION}/{file}" for file in files] for name, files in PARTS.items()}
     elsewhere = [OUT_OF_CORE, *(path for paths in parts.values() for path in paths)]
     part = {name: Tier(name, paths, marks="not waits") for name, paths in parts.items()}
