@@ -48,19 +48,24 @@ space:
 
 
 def test_a_trial_worse_than_the_others_at_the_same_step_is_pruned_with_its_step_and_score(tmp_path):
-    args = sweep_args(tmp_path, space_file(tmp_path, PRUNING, "pruning"), "pruning")
+    """Epochs of 50 steps: the sweep reads a trial's scores once a second, and a 20-step trial on a busy machine
+    could end before the stop sent at its first bad score reached it (recorded as complete, not pruned)."""
+    steps = 4 * 50
+    args = sweep_args(
+        tmp_path, space_file(tmp_path, PRUNING, "pruning"), "pruning", "--set", "train.steps_per_epoch=50"
+    )
     proc = run_cli(*args, env=ONE_THREAD, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     root = tmp_path / "runs" / "pruning"
     by_number = {t.number: t for t in trials(root)}
     assert [by_number[i].params["train.lr"] for i in range(2)] == [3e-3, 0.3]
     finished = by_number[0]
-    assert finished.state == TrialState.COMPLETE and finished.user_attrs["steps"] == 20
+    assert finished.state == TrialState.COMPLETE and finished.user_attrs["steps"] == steps
     worst = by_number[1]
     assert worst.state == TrialState.PRUNED, (worst.state, worst.intermediate_values)
     step, score = worst.user_attrs["pruned_at_step"], worst.user_attrs["pruned_score"]
     assert worst.intermediate_values[step] == score > finished.intermediate_values[step]
-    assert worst.user_attrs["steps"] < 20  # it stopped early
+    assert worst.user_attrs["steps"] < steps  # it stopped early
     assert f"trial-001 pruned at step {step}" in proc.stderr
     assert proc.stderr.count("started (") == 2 and "trial-000 finished in" in proc.stderr
     assert f"| pruned at step {step} |" in (root / "summary.md").read_text()
