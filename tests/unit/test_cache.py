@@ -295,6 +295,22 @@ def test_rewritten_source_gives_a_new_cache(tmp_path):
     assert_train_normalised(new, new_data)
 
 
+def test_source_rewritten_during_the_build_is_a_data_error(tmp_path, monkeypatch):
+    """Another process rewriting a mapped source while its cache is built: an error naming the file, and no cache
+    left that describes bytes the file no longer holds."""
+    src = write_tensor(tmp_path / "adv.hdf5", advection_data(seed=0))
+    write = cachemod._write
+
+    def write_then_rewrite(folder, *args):
+        write(folder, *args)
+        write_tensor(src, advection_data(seed=1))
+
+    monkeypatch.setattr(cachemod, "_write", write_then_rewrite)
+    with pytest.raises(DataError, match=r"source changed while its cache was being built \(.*adv\.hdf5 \(was rewri"):
+        build_cache("adv", task(), src, tmp_path / "cache")
+    assert list((tmp_path / "cache" / "adv").iterdir()) == []
+
+
 def test_same_bytes_under_a_new_name_and_time_reuse_the_cache(tmp_path):
     src = write_tensor(tmp_path / "adv.hdf5", advection_data())
     first = build_cache("adv", task(), src, tmp_path / "cache")

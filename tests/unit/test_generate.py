@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 
 import h5py
 import numpy as np
@@ -334,3 +337,46 @@ def test_failure_mid_write_leaves_no_file(tmp_path, monkeypatch):
         _make(tmp_path, "burgers1d", "final.hdf5", n_samples=3)
     assert os.listdir(tmp_path) == ["final.hdf5"]
     assert (tmp_path / "final.hdf5").read_bytes() == b"previous"
+
+
+_STAGE_SCRIPT = """
+import logging, sys, time
+from pathlib import Path
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from tests.helpers import REPO
+from train.config import load_config
+from train.data.sources import stage_data
+overrides = [f"run.data_dir={sys.argv[1]}", "tasks.advection1d.n_samples=3000", "tasks.darcy2d.n_samples=10"]
+cfg = load_config(REPO / "configs" / "tiny.yaml", overrides)
+go = Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.01)
+path = stage_data(cfg)["advection1d"].train
+print("IDENTITY", path.stat().st_ino, path.stat().st_mtime_ns)
+"""
+
+
+def test_concurrent_stages_generate_once(tmp_path):
+    """Launchers sharing a data folder (a SLURM job array's tasks, several launchers on a node) generate each
+    file once: a second generator replacing the file would change it under the first one's cache."""
+    from tests.helpers import REPO
+
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _STAGE_SCRIPT, str(tmp_path / "data"), str(go)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    time.sleep(3)  # every process is waiting for the start
+    go.touch()
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    logs = "".join(err for _, err in outputs)
+    assert logs.count("data advection1d: generating") == 1, logs
+    assert logs.count("data advection1d: up to date") == 2, logs
+    assert len({line for out, _ in outputs for line in out.splitlines() if line.startswith("IDENTITY")}) == 1

@@ -271,7 +271,13 @@ def _build(name: str, task: TaskConfig, files: SplitFiles, checksums: dict[str, 
     with atomic_dir(final) as tmp:
         _write(tmp, task, files, checksums)
     info = CacheInfo.load(final)
-    assert info is not None
+    if info is None:  # only a mapped source rewritten during the build makes a fresh cache unreadable
+        changed = "; ".join(changed_mapped_sources(final)) or "its manifest is unreadable"
+        shutil.rmtree(final, ignore_errors=True)
+        raise DataError(
+            f"cache {name}: the source changed while its cache was being built ({changed}); another process "
+            f"rewrote it: let that process finish, then run again"
+        )
     log.info(
         "cache %s: built %s in %.1f s (%s)",
         name,

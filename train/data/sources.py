@@ -23,6 +23,7 @@ from train.config import Config, TaskConfig
 from train.data import download, generate
 from train.data.checksum import ALGORITHM
 from train.data.generate_well import generate_gray_scott
+from train.data.node_lock import node_lock
 from train.data.readers.pdebench import SPLITS
 from train.data.readers.well import check_splits_agree
 from train.data.stores import open_store
@@ -180,14 +181,22 @@ def _generate(name: str, task: TaskConfig, data_dir: Path, dry_run: bool) -> _Fo
         )
     request = dict(n_samples=task.n_samples, resolution=task.resolution, coefficient=task.coefficient, seed=task.seed)
     path = generated_path(data_dir, name, task)
-    params = generate.generator_params(path)
-    if params == {**request, "pde": task.pde, "version": generate.VERSION}:
-        log.info("data %s: up to date at %s", name, path)
-    elif dry_run:
-        print(f"generate {task.n_samples} {task.pde} samples -> {path}")
+    if dry_run:
+        params = generate.generator_params(path)
+        if params == {**request, "pde": task.pde, "version": generate.VERSION}:
+            log.info("data %s: up to date at %s", name, path)
+        else:
+            print(f"generate {task.n_samples} {task.pde} samples -> {path}")
     else:
-        log.info("data %s: generating %d %s samples into %s", name, task.n_samples, task.pde, path)
-        params = generate.generate(task.pde, path, **request)
+        # Launchers sharing the folder (a job array's tasks) generate the file once: a second writer would
+        # replace it under the cache the first one is mapping.
+        with node_lock(path.parent / ".generate.lock", f"another process to finish generating {path}"):
+            params = generate.generator_params(path)
+            if params == {**request, "pde": task.pde, "version": generate.VERSION}:
+                log.info("data %s: up to date at %s", name, path)
+            else:
+                log.info("data %s: generating %d %s samples into %s", name, task.n_samples, task.pde, path)
+                params = generate.generate(task.pde, path, **request)
     origin = {"origin": "generated", "file": str(path.absolute()), "generator": params}
     return _Found(SplitFiles(train=path), {"train": origin})
 
@@ -308,7 +317,8 @@ def _well(name: str, task: TaskConfig, data_dir: Path, b2_api, dry_run: bool) ->
         print(f"generate the Gray-Scott demo dataset (The Well's schema) -> {data_dir / name}")
         return _Found(SplitFiles(train=()))
     if location == "generate":
-        location = str(generate_gray_scott(data_dir / name, seed=task.seed))
+        with node_lock(data_dir / name / ".generate.lock", f"another process to finish generating {data_dir / name}"):
+            location = str(generate_gray_scott(data_dir / name, seed=task.seed))
         log.info("data %s: Gray-Scott demo dataset in The Well's schema at %s", name, location)
     store = open_store(location, b2_api)
     remote = not isinstance(store, download.LocalStore)
