@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tests.helpers import REPO
-from tests.tiers import INTEGRATION, NO_TESTS, OUT_OF_CORE, PARTS, Tier, exit_code, queue, workers
+from tests.tiers import AT_ONCE_ENV, INTEGRATION, NO_TESTS, OUT_OF_CORE, PARTS, Tier, exit_code, queue, workers
 
 
 def test_every_integration_file_is_in_one_part_and_the_parts_name_real_files():
@@ -31,5 +31,8 @@ def test_the_exit_code_is_the_first_failing_tiers_and_5_only_when_no_tier_ran_a_
     assert exit_code(tiers(NO_TESTS, NO_TESTS)) == NO_TESTS
 
 
-def test_a_tier_at_a_time_per_two_cores_and_never_fewer_than_two():
-    assert [workers(cores) for cores in (1, 2, 4, 5, 6, 8, 16)] == [2, 2, 2, 2, 3, 4, 8]
+def test_a_tier_per_two_cores_plus_one_that_computes_while_the_others_wait(monkeypatch):
+    monkeypatch.delenv(AT_ONCE_ENV, raising=False)
+    assert [workers(cores) for cores in (1, 2, 4, 5, 6, 8, 16)] == [3, 3, 3, 3, 4, 5, 9]
+    monkeypatch.setenv(AT_ONCE_ENV, "1")
+    assert workers(16) == 1
