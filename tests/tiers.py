@@ -36,9 +36,9 @@ AT_ONCE_ENV = "TRAIN_TEST_TIERS_AT_ONCE"
 
 
 def workers(cores: int | None = None) -> int:
-    """Tiers run at once: a tier that trains runs 2 ranks, so one per 2 cores (at least 2), plus one: about a quarter of the
-    time the tiers running wait (SLURM's time-limit checks, requeues, a deadline, Docker), and a third tier
-    computes meanwhile."""
+    """Tiers run at once: a tier that trains runs 2 ranks, so one per 2 cores (at least 2), plus one: about a
+    quarter of the time the tiers running wait (SLURM's time-limit checks, requeues, a deadline, Docker), and
+    one more tier computes meanwhile."""
     if os.environ.get(AT_ONCE_ENV):
         return max(1, int(os.environ[AT_ONCE_ENV]))
     cores = len(os.sched_getaffinity(0)) if cores is None else cores
