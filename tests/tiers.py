@@ -36,13 +36,13 @@ AT_ONCE_ENV = "TRAIN_TEST_TIERS_AT_ONCE"
 
 
 def workers(cores: int | None = None) -> int:
-    """Tiers run at once: a tier that trains runs 2 ranks, so one per 2 cores (at least 2), plus one: about a
-    quarter of the time the tiers running wait (SLURM's time-limit checks, requeues, a deadline, Docker), and
-    one more tier computes meanwhile."""
+    """Tiers run at once: a tier that trains runs 2 ranks, so one per 2 cores, and at least 2 (CI's 2 cores
+    run a tier that waits beside one that computes). A third tier on 2 cores made `.ci/run` slower (1,743 s of
+    `make test` against 1,637 s): the machine is busy nearly all the time, and more processes share it worse."""
     if os.environ.get(AT_ONCE_ENV):
         return max(1, int(os.environ[AT_ONCE_ENV]))
     cores = len(os.sched_getaffinity(0)) if cores is None else cores
-    return max(2, cores // 2) + 1
+    return max(2, cores // 2)
 
 
 FARM_ENV = "TRAIN_TEST_FARM"
@@ -58,6 +58,9 @@ class Tier:
     """A pytest ``-m`` expression: the tier's share of tests its paths hold with others."""
     code: int | None = None
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    """User and system CPU time of the tier's pytest and every process it waited for (not SLURM's jobs nor
+    Docker's containers, which their daemons start)."""
     summary: str = ""
 
 
@@ -106,7 +109,10 @@ def run_tier(tier: Tier, pytest_args: list[str], logs: Path) -> None:
     with _printing:
         print(f"tests: {tier.name} started ({' '.join(tier.paths)})", flush=True)
     with open(log, "w") as out:
-        tier.code = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)  # its own usage: the threads' tiers share this process's
+        proc.returncode = tier.code = os.waitstatus_to_exitcode(status)
+    tier.cpu_seconds = usage.ru_utime + usage.ru_stime
     tier.seconds = time.monotonic() - started
     text = log.read_text(errors="replace")
     found = _SUMMARY.findall(text)
@@ -133,8 +139,13 @@ def exit_code(tiers: list[Tier]) -> int:
 
 
 def table(tiers: list[Tier], seconds: float) -> str:
-    rows = [f"  {t.name:<14} {t.seconds:7.0f} s   exit {t.code}   {t.summary}" for t in tiers]
-    return "\n".join([f"tests: every tier ({workers()} at a time)", *rows, f"  {'all':<14} {seconds:7.0f} s"])
+    rows = [
+        f"  {t.name:<14} {t.seconds:7.0f} s {t.cpu_seconds:7.0f} CPU s   exit {t.code}   {t.summary}" for t in tiers
+    ]
+    cpu = sum(t.cpu_seconds for t in tiers)
+    return "\n".join(
+        [f"tests: every tier ({workers()} at a time)", *rows, f"  {'all':<14} {seconds:7.0f} s {cpu:7.0f} CPU s"]
+    )
 
 
 def main(pytest_args: list[str]) -> int:

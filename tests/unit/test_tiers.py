@@ -5,7 +5,19 @@ from __future__ import annotations
 from collections import Counter
 
 from tests.helpers import REPO
-from tests.tiers import AT_ONCE_ENV, INTEGRATION, NO_TESTS, OUT_OF_CORE, PARTS, Tier, exit_code, queue, workers
+from tests.tiers import (
+    AT_ONCE_ENV,
+    INTEGRATION,
+    NO_TESTS,
+    OUT_OF_CORE,
+    PARTS,
+    Tier,
+    exit_code,
+    queue,
+    run_tier,
+    table,
+    workers,
+)
 
 
 def test_every_integration_file_is_in_one_part_and_the_parts_name_real_files():
@@ -31,8 +43,22 @@ def test_the_exit_code_is_the_first_failing_tiers_and_5_only_when_no_tier_ran_a_
     assert exit_code(tiers(NO_TESTS, NO_TESTS)) == NO_TESTS
 
 
-def test_a_tier_per_two_cores_plus_one_that_computes_while_the_others_wait(monkeypatch):
+def test_a_tier_at_a_time_per_two_cores_and_never_fewer_than_two(monkeypatch):
     monkeypatch.delenv(AT_ONCE_ENV, raising=False)
-    assert [workers(cores) for cores in (1, 2, 4, 5, 6, 8, 16)] == [3, 3, 3, 3, 4, 5, 9]
+    assert [workers(cores) for cores in (1, 2, 4, 5, 6, 8, 16)] == [2, 2, 2, 2, 3, 4, 8]
     monkeypatch.setenv(AT_ONCE_ENV, "1")
     assert workers(16) == 1
+
+
+def test_a_tier_reports_its_code_summary_and_the_cpu_time_of_the_processes_it_started(tmp_path):
+    busy = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+    (tmp_path / "test_busy.py").write_text(
+        "import subprocess, sys\n\n"
+        f"def test_busy():\n    subprocess.run([sys.executable, '-c', {busy!r}], check=True)\n\n"
+        "def test_fails():\n    assert False\n"
+    )
+    tier = Tier("busy", [str(tmp_path / "test_busy.py")])
+    run_tier(tier, ["-p", "no:cacheprovider"], tmp_path)
+    assert tier.code == 1 and tier.summary.startswith("1 failed, 1 passed")
+    assert tier.cpu_seconds >= 0.6  # the grandchild's busy loop counts
+    assert "busy" in table([tier], 1.0) and "CPU s" in table([tier], 1.0)
