@@ -12,6 +12,7 @@ which the launcher writes into the run folder: a run can be traced without the d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field, replace
@@ -181,22 +182,18 @@ def _generate(name: str, task: TaskConfig, data_dir: Path, dry_run: bool) -> _Fo
         )
     request = dict(n_samples=task.n_samples, resolution=task.resolution, coefficient=task.coefficient, seed=task.seed)
     path = generated_path(data_dir, name, task)
-    if dry_run:
+    # Launchers sharing the folder (a job array's tasks) generate the file once: a second writer would replace
+    # it under the cache the first one is mapping. A dry run writes nothing, not even the lock.
+    lock = node_lock(path.parent / ".generate.lock", f"another process to finish generating {path}")
+    with contextlib.nullcontext() if dry_run else lock:
         params = generate.generator_params(path)
         if params == {**request, "pde": task.pde, "version": generate.VERSION}:
             log.info("data %s: up to date at %s", name, path)
-        else:
+        elif dry_run:
             print(f"generate {task.n_samples} {task.pde} samples -> {path}")
-    else:
-        # Launchers sharing the folder (a job array's tasks) generate the file once: a second writer would
-        # replace it under the cache the first one is mapping.
-        with node_lock(path.parent / ".generate.lock", f"another process to finish generating {path}"):
-            params = generate.generator_params(path)
-            if params == {**request, "pde": task.pde, "version": generate.VERSION}:
-                log.info("data %s: up to date at %s", name, path)
-            else:
-                log.info("data %s: generating %d %s samples into %s", name, task.n_samples, task.pde, path)
-                params = generate.generate(task.pde, path, **request)
+        else:
+            log.info("data %s: generating %d %s samples into %s", name, task.n_samples, task.pde, path)
+            params = generate.generate(task.pde, path, **request)
     origin = {"origin": "generated", "file": str(path.absolute()), "generator": params}
     return _Found(SplitFiles(train=path), {"train": origin})
 
