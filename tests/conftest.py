@@ -56,6 +56,14 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: "tests/container/" in str(item.fspath))
 
 
+def pytest_collection_finish(session):
+    """Every test module is imported, torch with them: the session's collections skip those objects from now on,
+    as each launcher's and rank's do (train.heap)."""
+    from train.heap import freeze_imported
+
+    freeze_imported()
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--cpu-load",

@@ -17,6 +17,7 @@ split of tests/integration between its parts and the waits tier).
 
 from __future__ import annotations
 
+import compileall
 import os
 import re
 import subprocess
@@ -160,6 +161,10 @@ def main(pytest_args: list[str]) -> int:
         # single-rank launch) would spin its OpenMP threads against the other tier's ranks, and two ranks in
         # lockstep wait for each other's time slices. One thread each, as torchrun gives each of 2 ranks here.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # Some 500 processes import the package: compiled once here, not by each of them where
+        # PYTHONDONTWRITEBYTECODE is set (pip compiles what it installs, not an editable install's source).
+        for package in ("train", "tests"):
+            compileall.compile_dir(Path(__file__).parent.parent / package, quiet=1)
         threads = [threading.Thread(target=work, args=(pending, pytest_args, Path(folder))) for _ in range(workers())]
         for thread in threads:
             thread.start()

@@ -1,5 +1,4 @@
-import sys
-
 from train.cli import main
+from train.heap import exit_process
 
-sys.exit(main(exiting=True))
+exit_process(main(exiting=True))

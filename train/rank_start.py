@@ -17,6 +17,7 @@ from train.distributed.env import DistEnv, destroy_distributed, init_distributed
 from train.distributed.error_file import record_error
 from train.distributed.lifeline import hold_for_launcher
 from train.errors import DataError, DistributedError, TrainError
+from train.heap import freeze_imported
 from train.obs.log import setup_logging
 from train.run_dir import LaunchRecord, RunDir, rank_arguments
 
@@ -43,6 +44,7 @@ def run_rank(
 ) -> int:
     """Start the rank, run ``work``, and return the rank's exit code. ``before_joining`` runs after logging is
     set up and before the process group is joined (a check that needs no peer)."""
+    freeze_imported()  # the work's modules are imported by now (train.heap)
     run, launch, rest = rank_arguments(argv)
     if launch is not None:
         hold_for_launcher(launch.launcher_pid, launch.ranks_lock)

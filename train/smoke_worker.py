@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ from train.distributed.env import DistEnv
 from train.distributed.error_file import record
 from train.distributed.shared_checkpoint import shared_checkpoint
 from train.errors import DistributedError
+from train.heap import exit_process
 from train.rank_start import Rank, run_rank
 from train.run_dir import RunDir
 
@@ -243,4 +243,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

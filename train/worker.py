@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import logging
 import os
-import sys
 
 from train.checkpoint import MODEL, check_same_model, checkpoint_for_evaluation, load_model_state
 from train.config import Config
@@ -21,6 +20,7 @@ from train.engine.evaluate import evaluate_split, example_prediction
 from train.engine.loaders import initial_model
 from train.engine.trainer import Trainer
 from train.errors import DataError, Preempted
+from train.heap import exit_process
 from train.model.specs import TaskData
 from train.obs.report import write_report
 from train.obs.sinks import MetricSinks
@@ -96,4 +96,4 @@ def first_attempt() -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

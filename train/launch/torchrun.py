@@ -26,6 +26,7 @@ from train.errors import (
     PreflightError,
     TrainError,
 )
+from train.heap import freeze_imported
 from train.launch.address import network_environ
 from train.launch.topology import Topology, nproc_for, topology_from_environ
 from train.obs.log import debug_enabled, redacted_environ
@@ -291,6 +292,7 @@ def launch(
     run.clear_preempted()
     # torchrun's agent turns signals into exceptions and leaves its handlers installed; put ours back.
     saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, name) for name in FORWARDED_SIGNALS)}
+    freeze_imported()  # this process waits out the run with torch imported (train.heap)
     try:
         run_torchrun(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
