@@ -1,4 +1,5 @@
-from train.cli import main
-from train.heap import exit_process
+import sys
 
-exit_process(main(exiting=True))
+from train.cli import main
+
+sys.exit(main(exiting=True))

@@ -12,6 +12,7 @@ from pathlib import Path
 from train.config import load_config
 from train.disk import as_disk_full
 from train.errors import ConfigError, PreflightError, StopRequested, TrainError
+from train.heap import importing
 from train.launch.stop import stop_on_signals
 from train.obs.log import setup_logging
 
@@ -208,11 +209,13 @@ def _dispatch(args: argparse.Namespace) -> None:
     cfg = load_config(args.config, args.overrides, run_name=args.run or None)
     # torch is imported only once the config is known to be good
     if args.command == "doctor":
-        from train.launch.doctor import doctor
+        with importing():
+            from train.launch.doctor import doctor
 
         doctor(cfg, args.nproc)
     elif args.command == "smoke":
-        from train.launch.smoke import run_smoke
+        with importing():
+            from train.launch.smoke import run_smoke
 
         run_smoke(cfg, args.nproc, compile_step=not args.skip_compile, preflight=not args.skip_doctor)
     elif args.command == "slurm":
@@ -220,11 +223,13 @@ def _dispatch(args: argparse.Namespace) -> None:
 
         write_sbatch(cfg, args.config, args.overrides, args.output)
     elif args.command == "push":
-        from train.launch.push import push_run
+        with importing():
+            from train.launch.push import push_run
 
         push_run(cfg)
     else:
-        from train.pipeline import run_stages
+        with importing():
+            from train.pipeline import run_stages
 
         preflight = args.command in LAUNCHING and not args.skip_doctor
         run_stages(cfg, args.command, args.nproc, dry_run=args.dry_run, preflight=preflight)

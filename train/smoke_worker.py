@@ -7,14 +7,22 @@ and writes runs/smoke/smoke.json; any failure exits non-zero.
 
 from __future__ import annotations
 
+from train.heap import pause_while_importing
+
+pause_while_importing(__name__)  # resumed by run_rank once the modules below are imported
+
 import argparse
 import copy
 import logging
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+# DDP's constructor imports dynamo (and sympy), a second for every rank: here, with the collector paused.
+import torch._dynamo
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -25,7 +33,6 @@ from train.distributed.env import DistEnv
 from train.distributed.error_file import record
 from train.distributed.shared_checkpoint import shared_checkpoint
 from train.errors import DistributedError
-from train.heap import exit_process
 from train.rank_start import Rank, run_rank
 from train.run_dir import RunDir
 
@@ -243,4 +250,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    sys.exit(main())

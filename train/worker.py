@@ -6,10 +6,18 @@ Launched by ``python -m train run|fit|evaluate`` (never by hand): it reads every
 
 from __future__ import annotations
 
+from train.heap import pause_while_importing
+
+pause_while_importing(__name__)  # resumed by run_rank once the modules below are imported
+
 import argparse
 import contextlib
 import logging
 import os
+import sys
+
+# DDP's constructor imports dynamo (and sympy), a second for every rank: here, with the collector paused.
+import torch._dynamo  # noqa: F401
 
 from train.checkpoint import MODEL, check_same_model, checkpoint_for_evaluation, load_model_state
 from train.config import Config
@@ -20,7 +28,6 @@ from train.engine.evaluate import evaluate_split, example_prediction
 from train.engine.loaders import initial_model
 from train.engine.trainer import Trainer
 from train.errors import DataError, Preempted
-from train.heap import exit_process
 from train.model.specs import TaskData
 from train.obs.report import write_report
 from train.obs.sinks import MetricSinks
@@ -96,4 +103,4 @@ def first_attempt() -> bool:
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    sys.exit(main())
