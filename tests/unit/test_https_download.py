@@ -1,6 +1,6 @@
 """Downloads from a web server (a real one on 127.0.0.1): resumed after a dropped connection, error pages and
 wrong sizes refused with nothing under the final name, SHA-256 recorded at the first download and checked on
-reuse; a Well dataset served this way goes through the data stage."""
+reuse; a Well dataset, a PDEBench folder and a PDEBench file served this way go through the data stage."""
 
 from __future__ import annotations
 
@@ -118,3 +118,43 @@ def test_a_store_this_machine_cannot_reach_is_exit_4_not_a_data_error(served, tm
     with pytest.raises(DataError, match=r"answered 503 .*after \d attempts.*could not be reached") as outage:
         _fetch(served, dest)
     assert outage.value.exit_code == 4
+
+
+def _pdebench_file(path):
+    from train.data.generate import generate
+
+    generate("advection1d", path, n_samples=12, resolution=16, coefficient=0.1, seed=0)
+
+
+def test_a_pdebench_folder_over_https_is_searched_and_downloaded(served, tmp_path):
+    """A task whose source is a web folder: each split found with the templates, downloaded with its SHA-256,
+    the missing val file carved."""
+    for split in ("train", "test"):
+        _pdebench_file(served.root / "pdebench" / f"adv_{split}.h5")
+    source = served.url + "/pdebench"
+    cfg = validate(
+        {
+            "tasks": {"adv": {"pde": "advection1d", "source": source, "templates": ["{task}_{split}.h5"]}},
+            "run": {"data_dir": str(tmp_path / "data")},
+        },
+        "test",
+    )
+    files = stage_data(cfg)["adv"]
+    local = tmp_path / "data" / "adv"
+    assert (files.train, files.val, files.test) == (local / "train.h5", None, local / "test.h5")
+    assert files.test.read_bytes() == (served.root / "pdebench" / "adv_test.h5").read_bytes()
+    origins = files.provenance.origins
+    assert origins["train"]["origin"] == "https" and origins["train"]["url"] == f"{source}/adv_train.h5"
+    assert origins["val"]["origin"] == "carved"
+
+
+def test_a_pdebench_file_over_https_is_downloaded(served, tmp_path):
+    _pdebench_file(served.root / "pdebench" / "one.hdf5")
+    url = served.url + "/pdebench/one.hdf5"
+    cfg = validate(
+        {"tasks": {"adv": {"pde": "advection1d", "source": url}}, "run": {"data_dir": str(tmp_path / "data")}},
+        "test",
+    )
+    files = stage_data(cfg)["adv"]
+    assert files.train == tmp_path / "data" / "adv" / "train.h5" and files.val is None and files.test is None
+    assert files.provenance.origins["train"]["url"] == url

@@ -218,3 +218,21 @@ def test_the_secret_parts_of_a_connection_string_or_signed_url_are_redacted(valu
     redacted = redacted_environ(env)
     assert redacted["AZURE_STORAGE_CONNECTION_STRING"] == expected
     assert "hunter2" not in redacted["NOTES"] and "c2VjcmV0" not in redacted["NOTES"] and "AbC" not in redacted["NOTES"]
+
+
+def test_rendezvous_events_are_named_as_torch_names_them_without_inspecting_the_stack(monkeypatch):
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    original = dynamic_rendezvous.get_method_name
+    monkeypatch.setattr(dynamic_rendezvous, "get_method_name", original)  # put back after the test
+
+    def outer(name_of):
+        def rendezvous_step():  # as torch calls it: the name of the method that called the caller
+            return name_of()
+
+        return rendezvous_step()
+
+    torchrun_module._name_rendezvous_events_cheaply()
+    assert dynamic_rendezvous.get_method_name is torchrun_module._caller_name
+    assert outer(torchrun_module._caller_name) == outer(original) == "outer"
+    assert torchrun_module._caller_name(10_000) == original(10_000) == "no_method_name"
