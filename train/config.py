@@ -45,8 +45,9 @@ class TaskConfig(Section):
     source: str = "generate"
     """Where the data comes from: 'generate' (a small dataset made locally; for pde: well, a Gray-Scott
     reaction-diffusion dataset in The Well's schema); one HDF5 file (its val/test splits are carved from it);
-    or a folder, 'file:///folder' or 'b2://bucket/prefix' searched with `templates` for each split's file (for
-    pde: well, the dataset folder holding data/{train,valid,test}/, also as an https:// URL)."""
+    or a folder, 'file:///folder', 'b2://bucket/prefix' or 'https://server/folder' searched with `templates` for
+    each split's file (for pde: well, the dataset folder holding data/{train,valid,test}/). A remote file or
+    folder is downloaded into run.data_dir."""
     templates: list[str] = Field(default_factory=lambda: list(DEFAULT_TEMPLATES), min_length=1)
     """Candidate paths of a split's file under a folder or bucket source, first match wins; placeholders
     {task}, {split} (train/val/test) and {Split} (Train/Valid/Test)."""

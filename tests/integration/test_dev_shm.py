@@ -18,6 +18,7 @@ import pytest
 
 from tests.helpers import REPO, folders, in_namespace_with_tmpfs, mount_namespace_problem, run_cli
 from tests.shm_probe import cached_arrays
+from train.disk import human
 
 pytestmark = pytest.mark.integration
 
@@ -123,14 +124,14 @@ def test_the_doctor_sizes_dev_shm_from_the_cache_and_fails_where_it_is_too_small
     batch_bytes = 4 * (BATCHES["advection1d"] * 11 * 1024 + BATCHES["darcy2d"] * 2 * 32 * 32)
 
     def need(workers: int) -> str:
-        return f"{RANKS * (workers * PREFETCH + 4) * batch_bytes / 2**20:,.0f} MiB"
+        return human(RANKS * (workers * PREFETCH + 4) * batch_bytes)
 
     fits = doctor_in_small_shm(args)
     assert fits.returncode == 0, fits.stdout + fits.stderr
-    assert re.search(rf"WARN\s+/dev/shm\s+64 MiB free of 64 MiB; needs {need(WORKERS)}, but this is Docker's 64 MB",
+    assert re.search(rf"WARN\s+/dev/shm\s+64.0 MiB free of 64.0 MiB; needs {need(WORKERS)}, but this is Docker's 64 MB",
                      fits.stdout), fits.stdout  # fmt: skip
     # Six times the workers: their in-flight batches no longer fit.
     too_many = doctor_in_small_shm(args, "--set", "train.num_workers=24")
     assert too_many.returncode == 4, too_many.stdout + too_many.stderr
-    assert re.search(rf"FAIL\s+/dev/shm\s+64 MiB free of 64 MiB, this config needs {need(24)}", too_many.stdout)
+    assert re.search(rf"FAIL\s+/dev/shm\s+64.0 MiB free of 64.0 MiB, this config needs {need(24)}", too_many.stdout)
     assert "--shm-size" in too_many.stdout and "/dev/shm" in too_many.stderr

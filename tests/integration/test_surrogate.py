@@ -46,14 +46,14 @@ def test_a_fresh_process_loads_the_run_and_reproduces_the_reports_test_nrmse(tra
     script = textwrap.dedent(f"""
         import json, numpy as np, torch
         from train import Surrogate
-        from train.data.readers.pdebench import open_reader
+        from train.data.readers.pdebench import pdebench_reader
         from train.engine.metrics import error_sums, finish
 
         model = Surrogate.load({str(trained)!r})
         out = {{}}
         for name, card in model.tasks.items():
             test = json.load(open({str(trained / "report" / "summary.json")!r}))[name]["data"]["test"]
-            reader = open_reader(test["file"], card.pde, card.settings["spatial_stride"],
+            reader = pdebench_reader(test["file"], card.pde, card.settings["spatial_stride"],
                                  card.settings["temporal_stride"])
             parts = list(reader.parts(range(*test["samples"])))
             if card.spec.autoregressive:
@@ -207,9 +207,11 @@ def test_the_exported_fno_runs_in_onnxruntime_as_in_pytorch(trained, tmp_path):
     for name, card in model.tasks.items():
         session = ort.InferenceSession(str(tmp_path / "export" / f"{name}.onnx"), providers=["CPUExecutionProvider"])
         test = report(trained)[name]["data"]["test"]
-        from train.data.readers.pdebench import open_reader
+        from train.data.readers.pdebench import pdebench_reader
 
-        reader = open_reader(test["file"], card.pde, card.settings["spatial_stride"], card.settings["temporal_stride"])
+        reader = pdebench_reader(
+            test["file"], card.pde, card.settings["spatial_stride"], card.settings["temporal_stride"]
+        )
         part = next(reader.parts(range(*test["samples"])))
         real = part[""][:, : card.spec.initial_step] if card.spec.autoregressive else part["x"]
         noise = np.random.default_rng(0).normal(size=(5, *real.shape[1:])).astype(np.float32) * card.input_std

@@ -14,10 +14,13 @@ from pathlib import Path
 import pytest
 from b2sdk.v2 import UploadSourceBytes
 
+import train.data.stores.local
 from tests.b2sim import SENTINEL_KEY, Account
 from train.data import download
-from train.data.download import LocalStore, _fetch, _stat, check_name, describe, fetch_all
+from train.data.download import _fetch, _stat, describe, fetch_all
 from train.data.stores import open_store
+from train.data.stores.base import CHUNK, RemoteFile, check_name
+from train.data.stores.local import LocalStore
 from train.errors import DataError, PreflightError
 
 
@@ -58,7 +61,7 @@ def test_b2_download_is_verified_and_recorded(b2, tmp_path):
     entry |= {"sha256": sha256, "mtime_ns": dest.stat().st_mtime_ns}
     assert manifest == {"train.h5": {**entry, "uploaded": uploaded}} and result.sha256 == sha256
     # What the run's provenance is made of: B2's own record of the object, the simulator's clock included.
-    assert result.remote == download.RemoteFile("full/adv/adv_train.h5", 300, sha1(data), version.id_, uploaded)
+    assert result.remote == RemoteFile("full/adv/adv_train.h5", 300, sha1(data), version.id_, uploaded)
     assert isinstance(uploaded, int) and uploaded > 0 and result.warnings == []
     assert leftovers(dest.parent) == ["train.h5"]
     assert len(b2.downloads) == 1
@@ -235,7 +238,7 @@ class SlowStore(LocalStore):
 
 
 def test_ctrl_c_stops_a_batch_promptly_and_leaves_no_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(download, "CHUNK", 1024)
+    monkeypatch.setattr(train.data.stores.local, "CHUNK", 1024)  # the local store copies in chunks
     for i in range(3):
         (tmp_path / f"x{i}.h5").write_bytes(os.urandom(300 * 1024))  # 3 s per file at 10 ms a chunk
     out = tmp_path / "out"
@@ -331,7 +334,7 @@ def test_safe_names_pass():
 def test_local_folder_and_file_url_stores(tmp_path, monkeypatch):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
-    data = os.urandom(3 * download.CHUNK + 5)
+    data = os.urandom(3 * CHUNK + 5)
     (src / "sub" / "x.h5").write_bytes(data)
     monkeypatch.chdir(tmp_path)
     for source in (str(src), f"file://{src}", "src"):
@@ -369,7 +372,7 @@ class LyingStore(LocalStore):
 
     def stat(self, name):
         remote = super().stat(name)
-        return remote and download.RemoteFile(name, remote.size + 1, None)
+        return remote and RemoteFile(name, remote.size + 1, None)
 
     def download(self, name, dest, progress=None):
         super().download(name, dest, progress)
@@ -506,8 +509,8 @@ def test_describe_lists_sizes_and_a_total_without_downloading(b2, tmp_path, monk
     lines = describe(jobs)
     assert lines == [
         "b2://pdebench/data/full/x/x_train.h5 -> data/x/train.h5 (300 B)",
-        "b2://pdebench/data/full/x/x_test.h5 -> data/x/test.h5 (2.5 kB)",
-        "total: 2 file(s), 2.8 kB to download",
+        "b2://pdebench/data/full/x/x_test.h5 -> data/x/test.h5 (2.4 KiB)",
+        "total: 2 file(s), 2.7 KiB to download",
     ]
     assert b2.downloads == [] and not Path("data/x").exists()
 

@@ -13,8 +13,8 @@ from tests.http_server import FileServer
 from tests.well_files import write_dataset
 from train.config import validate
 from train.data import download
-from train.data.https_store import HttpsStore
 from train.data.sources import stage_data
+from train.data.stores.https import HttpsStore
 from train.errors import DataError
 
 

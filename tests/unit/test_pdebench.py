@@ -10,7 +10,8 @@ import pytest
 
 from train.data.generate import generate
 from train.data.readers import pdebench
-from train.data.readers.pdebench import SingleFileReader, split_ranges
+from train.data.readers.pdebench import SingleFileReader
+from train.data.splits import split_ranges
 from train.errors import DataError
 
 CFD1D_KEYS = ("density", "pressure", "Vx")

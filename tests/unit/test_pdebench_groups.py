@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from train.data.readers import pdebench
-from train.data.readers.pdebench import LAYOUTS, GroupReader, SingleFileReader, open_reader, split_ranges
+from train.data.readers.pdebench import LAYOUTS, GroupReader, SingleFileReader, pdebench_reader
+from train.data.splits import split_ranges
 from train.errors import DataError
 
 # pde -> one group's `data` shape [t, *space, channel]
@@ -210,7 +211,7 @@ def test_pre_split_file_is_read_whole(tmp_path):
     path = tmp_path / "1D_CFD_x_Test.hdf5"
     with h5py.File(path, "w") as f:
         f.create_dataset("tensor", data=data)
-    r = open_reader(path, "advection1d")
+    r = pdebench_reader(path, "advection1d")
     x = np.concatenate([b for b, _ in r.iter_blocks(range(0, r.n_samples))])
     np.testing.assert_array_equal(x[..., 0], data)
 
@@ -218,13 +219,13 @@ def test_pre_split_file_is_read_whole(tmp_path):
 # ---------------------------------------------------------------------------------------- dispatch
 def test_open_reader_dispatches_on_style(tmp_path):
     group_path = write_groups(tmp_path / "g.h5", _samples(2, FAMILIES["diffsorp1d"]))
-    r = open_reader(group_path, "diffsorp1d", 2, 3)
+    r = pdebench_reader(group_path, "diffsorp1d", 2, 3)
     assert type(r) is GroupReader
     assert (r.spatial_stride, r.temporal_stride) == (2, 3)
     single_path = tmp_path / "s.hdf5"
     with h5py.File(single_path, "w") as f:
         f.create_dataset("tensor", data=np.zeros((2, 3, 8), np.float32))
-    s = open_reader(single_path, "advection1d", 2)
+    s = pdebench_reader(single_path, "advection1d", 2)
     assert type(s) is SingleFileReader
     assert s.grid == (4,)
 
@@ -342,7 +343,7 @@ def test_non_finite_names_index_and_group(tmp_path, monkeypatch, bad, value):
 
 def test_missing_file(tmp_path):
     with pytest.raises(DataError, match="not found"):
-        open_reader(tmp_path / "absent.h5", "diffreact2d")
+        pdebench_reader(tmp_path / "absent.h5", "diffreact2d")
 
 
 def test_not_an_hdf5_file(tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.record_writer import masked_crc32c
 
-from train.obs.sinks import MetricSinks, read_metrics
+from train.obs.sinks import MetricsFollower, MetricSinks, read_metrics
 
 
 def _lines(run_dir: Path) -> list[dict]:
@@ -153,3 +153,19 @@ def test_metrics_read_during_a_real_writers_appends_are_always_whole(tmp_path):
         reads += 1
     assert proc.returncode == 0
     assert len(read_metrics(tmp_path / "metrics.jsonl")) == 2000
+
+
+def test_the_follower_returns_each_whole_record_once_and_starts_over_on_a_shorter_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    follower = MetricsFollower(path)
+    assert follower.new_records() == []  # not written yet
+    path.write_bytes(b'{"step": 1}\n{"step": 2}\nnot json\n{"step": 3')
+    assert follower.new_records() == [{"step": 1}, {"step": 2}]
+    with open(path, "ab") as f:
+        f.write(b"}\n")
+    assert follower.new_records() == [{"step": 3}] and follower.new_records() == []
+    # A run folder restored from an older mirror: the file is shorter than what was read, and grows again.
+    path.write_bytes(b'{"step": 1}\n{"step": 2, "again": true}\n')
+    assert follower.new_records() == [{"step": 1}, {"step": 2, "again": True}]
+    # Another process continues where this one stopped.
+    assert MetricsFollower(path, follower.offset).new_records() == []

@@ -17,8 +17,8 @@ from train.errors import ConfigError
 from train.sweep.driver import open_sweep, write_array
 from train.sweep.results import write_results
 from train.sweep.space import read_spec
-from train.sweep.study import SweepStudy
-from train.sweep.trials import divide_machine, trial_config
+from train.sweep.study import Claim, SweepStudy
+from train.sweep.trials import Slot, TrialRun, divide_machine, trial_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -205,3 +205,17 @@ def test_the_shipped_search_space_fits_the_default_config(tmp_path):
     claim = study.claim_next()
     assert set(claim.params) == {"model.fno.width", "model.fno.modes", "train.lr"}
     assert claim.params["model.fno.width"] % 4 == 0 and 3e-4 <= claim.params["train.lr"] <= 1e-2
+
+
+def test_a_trials_scores_are_followed_through_a_metrics_file_restored_shorter(tmp_path):
+    """A trial's run folder restored from an older mirror rewrites metrics.jsonl shorter: the scores written
+    after it still reach the scheduler."""
+    base = load_config("configs/tiny.yaml", overrides(tmp_path))
+    cfg = trial_config(base.model_dump(mode="json"), {}, tmp_path / "runs" / "sw", 0)
+    trial = TrialRun(Claim(0, 0, {}, False, -1), cfg, Slot(), "val/loss", set())
+    metrics = Path(cfg.run.runs_dir) / cfg.run.name / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text('{"step": 10, "val/loss": 0.5}\n{"step": 20, "val/loss": 0.4}\n{"step": 30, "val/loss": 0.3}\n')
+    assert trial.new_scores() == [(10, 0.5), (20, 0.4), (30, 0.3)]
+    metrics.write_text('{"step": 10, "val/loss": 0.5}\n{"step": 40, "val/loss": 0.2}\n')
+    assert trial.new_scores() == [(40, 0.2)] and trial.best() == 0.2

@@ -32,12 +32,13 @@ from train.data.checksum import ALGORITHM, ChecksumMemo
 from train.data.in_place import ChannelStats, Placed, file_identity
 from train.data.node_lock import node_lock
 from train.data.readers import open_reader
-from train.data.readers.pdebench import LAYOUTS, SPLITS, split_ranges
 from train.data.running_stats import RunningStats
 from train.data.sources import SplitFiles
+from train.data.splits import SPLITS, split_ranges
 from train.data.well_stats import published_moments
 from train.disk import disk_full_error, reserve
 from train.errors import DataError, StopRequested
+from train.pdes import LAYOUTS
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Fetch PDEBench files from a B2 bucket or a local folder into the data folder, verified and atomic.
+"""Fetch files from a store (train.data.stores: a B2 bucket, a web server, a local folder) into the data folder,
+verified and atomic.
 
 Guarantees:
 
@@ -20,53 +21,26 @@ import concurrent.futures as cf
 import hashlib
 import json
 import logging
-import os
-import re
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from tqdm import tqdm
 
 from train.atomic import atomic_path, write_json_atomic
 from train.data.node_lock import node_lock
-from train.disk import looks_full
-from train.errors import DataError, PreflightError, TrainError
+from train.data.stores.base import CHUNK, UNREACHABLE, Progress, RemoteFile, Retryable, Store, Transient, check_name
+from train.data.stores.local import LocalStore
+from train.disk import human
+from train.errors import DataError
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1 << 20
 MANIFEST = ".manifest.json"
 RETRY_DELAY_S = 2.0
-_SHA1 = re.compile(r"[0-9a-f]{40}")
 _manifest_lock = threading.Lock()  # a batch's threads share manifests; fetch_all's file lock covers processes
-
-Progress = Callable[[int], None]  # byte deltas; negative when a failed attempt's bytes are taken back
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    name: str  # relative to the store's root, '/'-separated
-    size: int
-    sha1: str | None  # lower-case hex; None when the store does not know it
-    version: str | None = None  # identifies the content when there is no SHA1: B2's file id, a local mtime
-    uploaded: int | None = None  # B2's upload_timestamp (milliseconds since the epoch); None for local files
-
-
-class Store(Protocol):
-    url: str  # for messages and logs only; never holds a secret
-
-    def stat(self, name: str) -> RemoteFile | None: ...
-
-    def list(self, folder: str) -> list[str]:
-        """Names of the files directly in ``folder`` (relative to the store's root), sorted."""
-
-    def download(self, name: str, dest: Path, progress: Progress | None = None) -> str | None:
-        """Write the file's bytes to ``dest``; return the SHA1 of the source as read, where computed."""
 
 
 @dataclass
@@ -78,30 +52,6 @@ class FetchResult:
     remote: RemoteFile  # what the store said of the file it holds (the newest stat, after any retry)
     warnings: list[str] = field(default_factory=list)  # what was logged as a warning on the way, for the run
     sha256: str | None = None  # recorded at the first download (None: an entry written before it was)
-
-
-class _Retryable(DataError):
-    """Wrong size or SHA1: the next attempt may get good bytes."""
-
-
-UNREACHABLE = (
-    "the store could not be reached, which is this machine's network (DNS, a proxy, a firewall) or an outage of "
-    "the store, not the data; re-run the same command once it answers"
-)
-
-
-class _Transient(_Retryable):
-    """A B2 or network error that b2sdk's own retries did not cure: tried again after a pause. Not the data's
-    fault: this machine's network (DNS, a refused connection) or an outage of the store, so exit 4."""
-
-    exit_code = PreflightError.exit_code
-
-
-def check_name(name: str) -> str:
-    if not name or name.startswith("/") or "\\" in name or "\0" in name or {"", ".", ".."} & set(name.split("/")):
-        raise DataError(f"refusing remote file name {name!r}: it must be a relative '/'-separated path "
-                        "without '..', '.', empty parts or backslashes")  # fmt: skip
-    return name
 
 
 def _sha256_file(path: Path) -> str:
@@ -124,153 +74,6 @@ def _sha1_file(path: Path) -> str:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
-
-
-class LocalStore:
-    def __init__(self, root: Path | str):
-        self.root = Path(root).expanduser().absolute()
-        self.url = str(self.root)
-
-    def path(self, name: str) -> Path:
-        return self.root / check_name(name)
-
-    def stat(self, name: str) -> RemoteFile | None:
-        path = self.path(name)
-        if not path.is_file():
-            return None
-        st = path.stat()
-        return RemoteFile(name, st.st_size, None, str(st.st_mtime_ns))
-
-    def list(self, folder: str) -> list[str]:
-        """Names (relative to the root) of the files directly in ``folder``; [] when it does not exist."""
-        path = self.path(folder)
-        return sorted(f"{folder}/{p.name}" for p in path.iterdir() if p.is_file()) if path.is_dir() else []
-
-    def download(self, name: str, dest: Path, progress: Progress | None = None) -> str:
-        h = hashlib.sha1()
-        try:
-            with open(self.path(name), "rb") as src, open(dest, "wb") as out:
-                while chunk := src.read(CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
-                    if progress:
-                        progress(len(chunk))
-        except OSError as e:
-            if looks_full(e):  # the caller's atomic write names the file, the free and the needed space
-                raise
-            raise DataError(f"{self.url}/{name}: cannot copy to {dest.parent}: {e.strerror or e}") from None
-        return h.hexdigest()
-
-
-class B2Store:
-    KEY_NEEDS = "read the bucket"
-    """What the application key must be allowed to do, for the messages about it."""
-
-    def __init__(self, bucket: str, prefix: str = "", api=None):
-        self.bucket_name, self.prefix = bucket, prefix.strip("/")
-        self.url = f"b2://{bucket}/{self.prefix}" if self.prefix else f"b2://{bucket}"
-        self._api, self._bucket, self._secrets = api, None, ()
-        self._lock = threading.Lock()
-
-    def _get_bucket(self):
-        from b2sdk.v2 import B2Api, InMemoryAccountInfo
-        from b2sdk.v2.exception import B2Error
-
-        with self._lock:  # authorize once, although a batch's threads all start at the same moment
-            if self._bucket is not None:
-                return self._bucket
-            key_id, key = os.environ.get("B2_APPLICATION_KEY_ID"), os.environ.get("B2_APPLICATION_KEY")
-            missing = [var for var, v in (("B2_APPLICATION_KEY_ID", key_id), ("B2_APPLICATION_KEY", key)) if not v]
-            if missing:
-                raise PreflightError(f"{self.url}: B2 credentials missing: set {' and '.join(missing)} "
-                                     f"(an application key that can {self.KEY_NEEDS})")  # fmt: skip
-            self._secrets = (key, key_id)
-            api = self._api or B2Api(InMemoryAccountInfo())  # in memory: the key must never reach a file
-            try:
-                api.authorize_account(os.environ.get("B2_REALM", "production"), key_id, key)
-                self._bucket = api.get_bucket_by_name(self.bucket_name)
-            except B2Error as e:
-                raise self._error(e, self.url) from None
-            return self._bucket
-
-    def _error(self, e: Exception, where: str) -> TrainError:
-        from b2sdk.v2 import exception as x
-
-        reason = " ".join(str(e).split()) or type(e).__name__
-        if isinstance(e, x.ChecksumMismatch):  # its str() leaves out both digests
-            reason = f"SHA1 mismatch: expected {e.expected}, got {e.actual}"
-        for secret in self._secrets:
-            reason = reason.replace(secret, "***")
-        if isinstance(e, x.Unauthorized | x.AccessDenied | x.RestrictedBucket | x.NotAllowedByAppKeyError):
-            return PreflightError(
-                f"{where}: B2 rejected the key in B2_APPLICATION_KEY_ID ({reason}); check B2_APPLICATION_KEY_ID / "
-                f"B2_APPLICATION_KEY and that the key can {self.KEY_NEEDS}"
-            )
-        if isinstance(e, x.NonExistentBucket):
-            return DataError(f"b2://{self.bucket_name}: no such bucket (or not visible to this key)")
-        if isinstance(e, x.ChecksumMismatch | x.TruncatedOutput):
-            return _Retryable(f"{where}: {reason}")
-        if isinstance(e, x.TransientErrorMixin):
-            return _Transient(f"{where}: {reason}; {UNREACHABLE}")
-        return DataError(f"{where}: B2 error: {reason}")
-
-    def _key(self, name: str) -> str:
-        return f"{self.prefix}/{check_name(name)}" if self.prefix else check_name(name)
-
-    def stat(self, name: str) -> RemoteFile | None:
-        from b2sdk.v2.exception import B2Error, FileNotPresent
-
-        bucket = self._get_bucket()
-        try:
-            info = bucket.get_file_info_by_name(self._key(name))
-        except FileNotPresent:
-            return None
-        except B2Error as e:
-            raise self._error(e, f"{self.url}/{name}") from None
-        sha1 = info.content_sha1
-        if not sha1 or sha1 == "none":
-            sha1 = info.file_info.get("large_file_sha1")
-        sha1 = sha1.lower() if sha1 and _SHA1.fullmatch(sha1.lower()) else None
-        return RemoteFile(name, info.size, sha1, info.id_, info.upload_timestamp)
-
-    def list(self, folder: str) -> list[str]:
-        """Names (relative to the prefix) of the files directly in ``folder``."""
-        from b2sdk.v2.exception import B2Error
-
-        bucket = self._get_bucket()
-        key = self._key(folder).rstrip("/") + "/"
-        try:
-            names = [v.file_name for v, _ in bucket.ls(key, recursive=False) if v is not None]
-        except B2Error as e:
-            raise self._error(e, f"{self.url}/{folder}") from None
-        start = len(self.prefix) + 1 if self.prefix else 0
-        return sorted(name[start:] for name in names)
-
-    def download(self, name: str, dest: Path, progress: Progress | None = None) -> None:
-        from b2sdk.v2 import AbstractProgressListener
-        from b2sdk.v2.exception import B2Error
-
-        class Listener(AbstractProgressListener):
-            done = 0
-
-            def set_total_bytes(self, total_byte_count: int) -> None:
-                pass
-
-            def bytes_completed(self, byte_count: int) -> None:
-                delta, self.done = byte_count - self.done, byte_count  # totals, which go back when b2sdk retries
-                if progress and delta:
-                    progress(delta)
-
-        bucket = self._get_bucket()
-        try:
-            downloaded = bucket.download_file_by_name(self._key(name), progress_listener=Listener())
-            # One stream, in this thread. b2sdk's parallel downloader deadlocks when interrupted (its writer
-            # thread stops, its producers block on the full queue and the process never exits), and an error
-            # raised from its writer thread (our cancel) does the same.
-            with open(dest, "wb") as f:
-                downloaded.save(f, allow_seeking=False)
-        except B2Error as e:
-            raise self._error(e, f"{self.url}/{name}") from None
 
 
 def _source(store: Store, name: str) -> str:
@@ -346,22 +149,22 @@ def _fetch(store: Store, remote: RemoteFile, dest: Path, retries: int, progress:
                 source_sha1 = store.download(remote.name, tmp, progress=count)
                 size, expected = tmp.stat().st_size, remote.sha1 or source_sha1
                 if size != remote.size:
-                    raise _Retryable(f"{source}: got {size} bytes, expected {remote.size}")
+                    raise Retryable(f"{source}: got {size} bytes, expected {remote.size}")
                 sha1, sha256 = _digests(tmp)
                 if sha1 != expected and expected is not None:
-                    raise _Retryable(f"{source}: SHA1 mismatch: expected {expected}, got {sha1}")
+                    raise Retryable(f"{source}: SHA1 mismatch: expected {expected}, got {sha1}")
                 _record(dest, None)  # a crash between the rename and the record must not leave the old entry
-        except _Retryable as e:
+        except Retryable as e:
             transferred += sent
             if progress and sent:
                 progress(-sent)
-            if attempt == retries and isinstance(e, _Transient):
-                raise _Transient(f"{e} (after {retries + 1} attempts; {dest} left as it was): {UNREACHABLE}") from None
+            if attempt == retries and isinstance(e, Transient):
+                raise Transient(f"{e} (after {retries + 1} attempts; {dest} left as it was): {UNREACHABLE}") from None
             if attempt == retries:
                 raise DataError(f"{e} (after {retries + 1} attempts; {dest} left as it was)") from None
             warnings.append(f"{e}; trying again ({attempt + 1}/{retries})")
             log.warning("%s", warnings[-1])
-            time.sleep(RETRY_DELAY_S * 2**attempt if isinstance(e, _Transient) else 0)
+            time.sleep(RETRY_DELAY_S * 2**attempt if isinstance(e, Transient) else 0)
             continue
         if expected is None:
             warnings.append(f"{source}: the store has no SHA1 for this file; recorded {sha1} unverified")
@@ -369,7 +172,7 @@ def _fetch(store: Store, remote: RemoteFile, dest: Path, retries: int, progress:
         entry = {"size": size, "sha1": sha1, "sha256": sha256, "verified": expected is not None, "source": source}
         entry |= {"mtime_ns": dest.stat().st_mtime_ns, "version": remote.version, "uploaded": remote.uploaded}
         _record(dest, entry)
-        log.info("%s -> %s (%s, sha256 %s)", source, dest, _human(size), sha256)
+        log.info("%s -> %s (%s, sha256 %s)", source, dest, human(size), sha256)
         return FetchResult(dest, transferred + sent, False, sha1, remote, warnings, sha256)
     raise AssertionError("unreachable")
 
@@ -421,24 +224,16 @@ def fetch_all(
     return [f.result() for f in futures]
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 def describe(jobs: list[tuple[Store, str, Path]]) -> list[str]:
     """Dry run: a line per job (source -> dest, size) and a total; stats the sources, transfers nothing."""
     lines, total, count, fresh = [], 0, 0, 0
     for store, name, dest in jobs:
         remote = store.stat(check_name(name))
-        state = "NOT FOUND" if remote is None else _human(remote.size)
+        state = "NOT FOUND" if remote is None else human(remote.size)
         if remote is not None and _current(store, remote, Path(dest)) is not None:
             fresh, state = fresh + 1, f"{state}, up to date"
         elif remote is not None:
             count, total = count + 1, total + remote.size
         lines.append(f"{_source(store, name)} -> {dest} ({state})")
-    lines.append(f"total: {count} file(s), {_human(total)} to download" + (f", {fresh} up to date" if fresh else ""))
+    lines.append(f"total: {count} file(s), {human(total)} to download" + (f", {fresh} up to date" if fresh else ""))
     return lines

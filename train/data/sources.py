@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,9 +24,11 @@ from train.data import download, generate
 from train.data.checksum import ALGORITHM
 from train.data.generate_well import generate_gray_scott
 from train.data.node_lock import node_lock
-from train.data.readers.pdebench import SPLITS
 from train.data.readers.well import check_splits_agree
-from train.data.stores import open_store
+from train.data.splits import SPLITS
+from train.data.stores import is_local, local_path, open_store
+from train.data.stores.b2 import missing_b2_credentials
+from train.data.stores.base import Store, check_name
 from train.errors import ConfigError, DataError
 from train.pdes import GENERATED, LAYOUTS
 
@@ -100,7 +101,7 @@ class _Found:
     files: SplitFiles
     origins: dict[str, dict] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    jobs: list[tuple[download.Store, str, Path]] = field(default_factory=list)
+    jobs: list[tuple[Store, str, Path]] = field(default_factory=list)
 
 
 def iso_utc(ms: int | None) -> str | None:
@@ -137,7 +138,7 @@ def _b2_origin(dest: Path, entry: dict) -> dict:
     }  # fmt: skip
 
 
-def _fetched_origin(store: download.Store, result: download.FetchResult) -> dict:
+def _fetched_origin(store: Store, result: download.FetchResult) -> dict:
     remote = result.remote
     if store.url.startswith(("https://", "http://")):
         return {"origin": "https", "file": str(result.dest.absolute()), "url": f"{store.url}/{remote.name}",
@@ -200,14 +201,14 @@ def _generate(name: str, task: TaskConfig, data_dir: Path, dry_run: bool) -> _Fo
 
 def _single_file(name: str, task: TaskConfig, data_dir: Path, b2_api) -> _Found:
     """One file holding the whole dataset: used in place, or downloaded when it is remote."""
-    if task.source.startswith("b2://"):
+    if not is_local(task.source):
         folder, _, file_name = task.source.rpartition("/")
         store = open_store(folder, b2_api)
         if store.stat(file_name) is None:
             raise DataError(f"tasks.{name}.source: {task.source} not found")
         dest = data_dir / name / "train.h5"
         return _Found(SplitFiles(train=dest), jobs=[(store, file_name, dest)])
-    path = Path(task.source.removeprefix("file://")).expanduser()
+    path = local_path(task.source)
     if not path.is_file():
         raise DataError(f"tasks.{name}.source: data file '{path}' not found; fix the path or use 'generate'")
     log.info("data %s: using %s", name, path)
@@ -240,19 +241,18 @@ def _downloaded_earlier(name: str, task: TaskConfig, data_dir: Path) -> _Found |
 
 def _search(name: str, task: TaskConfig, data_dir: Path, b2_api) -> _Found:
     """Find each split's file under a folder or bucket with the task's templates."""
-    credentials = os.environ.get("B2_APPLICATION_KEY_ID") and os.environ.get("B2_APPLICATION_KEY")
-    if task.source.startswith("b2://") and b2_api is None and not credentials:
+    if task.source.startswith("b2://") and b2_api is None and missing_b2_credentials():
         earlier = _downloaded_earlier(name, task, data_dir)
         if earlier is not None:
             return earlier
     store = open_store(task.source, b2_api)
-    remote = task.source.startswith("b2://")
+    remote = not is_local(task.source)
     found: dict[str, Path | None] = {}
     origins, warnings, jobs = {}, [], []
     for split in SPLITS:
         tried = []
         for template in task.templates:
-            rel = download.check_name(template.format(task=name, split=split, Split=PDEBENCH_SPLIT_NAMES[split]))
+            rel = check_name(template.format(task=name, split=split, Split=PDEBENCH_SPLIT_NAMES[split]))
             tried.append(f"{store.url.rstrip('/')}/{rel}")
             if store.stat(rel) is None:
                 continue
@@ -318,7 +318,7 @@ def _well(name: str, task: TaskConfig, data_dir: Path, b2_api, dry_run: bool) ->
             location = str(generate_gray_scott(data_dir / name, seed=task.seed))
         log.info("data %s: Gray-Scott demo dataset in The Well's schema at %s", name, location)
     store = open_store(location, b2_api)
-    remote = not isinstance(store, download.LocalStore)
+    remote = not is_local(location)
     found: dict[str, tuple[Path, ...] | None] = {}
     origins, warnings, jobs = {}, [], []
     for split, folder in WELL_FOLDERS.items():

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from train.config import Config
 from train.data.cache import CacheInfo
+from train.data.stores import local_path
+from train.disk import human
 from train.model.builtin import MODELS, parameter_count
 from train.model.specs import TaskSpec
 from train.pdes import LAYOUTS
@@ -18,10 +20,6 @@ from train.pdes import LAYOUTS
 MiB = 1 << 20
 NCCL_BUFFSIZE = 4 * MiB  # NCCL's default per-channel buffer (NCCL_BUFFSIZE)
 NCCL_SHM_SLACK = 64 * MiB  # NCCL's proxy and bootstrap segments
-
-
-def mib(n: float) -> str:
-    return f"{n / MiB:,.0f} MiB" if n < 10 * 1024 * MiB else f"{n / (1024 * MiB):,.1f} GiB"
 
 
 def sample_bytes(info: CacheInfo, initial_step: int) -> int:
@@ -48,7 +46,7 @@ def shm_need(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None], ba
     if backend == "nccl" and nproc > 1:
         buffsize = int(os.environ.get("NCCL_BUFFSIZE", NCCL_BUFFSIZE))
         nccl = nproc * (nproc - 1) * 2 * buffsize + NCCL_SHM_SLACK
-    return loaders + nccl, f"{mib(loaders)} worker queues ({nproc} x {workers} workers) + {mib(nccl)} NCCL"
+    return loaders + nccl, f"{human(loaders)} worker queues ({nproc} x {workers} workers) + {human(nccl)} NCCL"
 
 
 def _existing(path: Path) -> Path:
@@ -139,7 +137,7 @@ def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> 
                 size = source.stat().st_size if source.is_file() else generated
                 data_need += 0 if source.is_file() else generated
             else:
-                source = Path(task.source.removeprefix("file://")).expanduser()
+                source = local_path(task.source)
                 size = source.stat().st_size if source.is_file() else 0
             cache_need += cache_bytes(task, source, size) if task.pde != "well" else size
     needs[Path(cfg.run.cache_dir)] = cache_need
@@ -148,7 +146,7 @@ def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> 
     for folder, need in needs.items():
         root = _existing(folder)
         _, total, folders = by_device.get(root.stat().st_dev, (root, 0, []))
-        by_device[root.stat().st_dev] = (root, total + need, [*folders, f"{folder} {mib(need)}"])
+        by_device[root.stat().st_dev] = (root, total + need, [*folders, f"{folder} {human(need)}"])
     return list(by_device.values())
 
 

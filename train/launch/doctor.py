@@ -19,10 +19,12 @@ from pathlib import Path
 
 from train.config import Config
 from train.data.cache import CacheInfo
-from train.disk import unwritable
+from train.data.stores import is_local, local_path
+from train.data.stores.b2 import missing_b2_credentials
+from train.disk import human, unwritable
 from train.errors import ConfigError, PreflightError, TrainError
 from train.launch.address import advertised_address, is_public
-from train.launch.capacity import MiB, find_caches, mib, needs_by_filesystem, shm_need
+from train.launch.capacity import MiB, find_caches, needs_by_filesystem, shm_need
 from train.launch.topology import Topology, nproc_for, topology_from_environ
 
 log = logging.getLogger(__name__)
@@ -297,27 +299,27 @@ def check_shm(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None], f
         status = FAIL if need else PASS
         return Check("/dev/shm", status, f"no /dev/shm on this machine; this config needs {how}", fix if need else "")
     size, free = facts.shm
-    have = f"{mib(free)} free of {mib(size)}"
+    have = f"{human(free)} free of {human(size)}"
     if need is None:
         return Check("/dev/shm", PASS, f"{have}; {how} (checked again at launch)")
     if free < need:
-        return Check("/dev/shm", FAIL, f"{have}, this config needs {mib(need)}: {how}", fix)
+        return Check("/dev/shm", FAIL, f"{have}, this config needs {human(need)}: {how}", fix)
     if free < 2 * need:
-        return Check("/dev/shm", WARN, f"{have}, little above the {mib(need)} needed: {how}", fix)
+        return Check("/dev/shm", WARN, f"{have}, little above the {human(need)} needed: {how}", fix)
     if size <= DOCKER_DEFAULT_SHM:
         # Enough for this config, but the size every container gets unless asked: the next change (workers,
         # GPUs) is a SIGBUS in a DataLoader worker (docs/troubleshooting.md). Say so now, while it is cheap to fix.
         return Check(
-            "/dev/shm", WARN, f"{have}; needs {mib(need)}, but this is Docker's 64 MB default: more DataLoader "
+            "/dev/shm", WARN, f"{have}; needs {human(need)}, but this is Docker's 64 MB default: more DataLoader "
             "workers or NCCL across GPUs will exhaust it", fix,
         )  # fmt: skip
-    return Check("/dev/shm", PASS, f"{have}; needs {mib(need)}")
+    return Check("/dev/shm", PASS, f"{have}; needs {human(need)}")
 
 
 def check_memlock(facts: Facts, topology: Topology | None) -> Check:
     if facts.memlock == -1:
         return Check("memlock", PASS, "unlimited")
-    detail = f"locked-memory limit {mib(facts.memlock)}"
+    detail = f"locked-memory limit {human(facts.memlock)}"
     if facts.gpus and topology is not None and topology.multi_node:
         return Check(
             "memlock",
@@ -340,14 +342,14 @@ def check_data(cfg: Config, facts: Facts) -> Check:
         elif source.startswith(("https://", "http://")):
             notes.append(f"{name}: {source} (downloaded over HTTPS)")
         elif source.startswith("b2://"):
-            credentials = facts.environ.get("B2_APPLICATION_KEY_ID") and facts.environ.get("B2_APPLICATION_KEY")
+            credentials = not missing_b2_credentials(facts.environ)
             earlier = download.read_manifest(Path(cfg.run.data_dir) / name)
             if credentials or earlier:
                 notes.append(f"{name}: {source} ({'credentials set' if credentials else 'downloaded earlier'})")
             else:
                 missing.append(f"{name}: {source} needs B2_APPLICATION_KEY_ID and B2_APPLICATION_KEY")
         else:
-            path = Path(source.removeprefix("file://")).expanduser()
+            path = local_path(source)
             (notes if path.exists() else missing).append(f"{name}: {path}{'' if path.exists() else ' not found'}")
     if missing:
         return Check("data", FAIL, "; ".join(missing), "fix tasks.<name>.source, or export the B2 credentials")
@@ -360,7 +362,7 @@ def check_disk(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> Check:
     for root, need, folders in needs_by_filesystem(cfg, caches):
         free = shutil.disk_usage(root).free
         details.append(
-            f"{mib(free)} free for {', '.join(folders)} (needs about {mib(need)} + a {mib(DISK_MARGIN)} margin)"
+            f"{human(free)} free for {', '.join(folders)} (needs about {human(need)} + a {human(DISK_MARGIN)} margin)"
         )
         if free < need + DISK_MARGIN:
             status = FAIL
@@ -373,7 +375,7 @@ def check_disk(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> Check:
 def folders_to_write(cfg: Config, command: str = "run") -> dict[str, Path]:
     """The folders ``command`` writes into, by setting: data_dir where a task generates or downloads its data
     (local files are read where they lie), cache_dir from the cache stage on, runs_dir for a launch."""
-    fetched = any(task.source == "generate" or "://" in task.source for task in cfg.tasks.values())
+    fetched = any(task.source == "generate" or not is_local(task.source) for task in cfg.tasks.values())
     wanted = {"run.data_dir": fetched, "run.cache_dir": command != "data", "run.runs_dir": command not in DATA_ONLY}
     return {setting: Path(getattr(cfg.run, setting.split(".")[1])) for setting, want in wanted.items() if want}
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import numbers
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,22 +55,42 @@ def _named(path: Path) -> Iterator[None]:
         raise full from e
 
 
-def read_metrics(path: Path | str) -> list[dict]:
-    """The records of a metrics.jsonl in file order, also while rank 0 is appending to it: only lines that end in
-    a newline are complete, and a line that is no JSON object (a crash cut it) is skipped."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return []
-    records = []
-    for line in data.split(b"\n")[:-1]:  # what follows the last newline is still being written
+class MetricsFollower:
+    """Follows a metrics.jsonl that rank 0 appends to, for the trackers and a sweep's scheduler: each call of
+    :meth:`new_records` returns the records of the whole lines written since the last. Only lines that end in a
+    newline are complete (what follows the last one is still being written); a line that is no JSON object (a
+    crash cut it) is skipped. A file shorter than what was read (a run folder restored from an older mirror) is
+    read again from its start. ``offset``: the bytes read so far, to continue where an earlier process stopped.
+    """
+
+    def __init__(self, path: Path | str, offset: int = 0):
+        self.path, self.offset = Path(path), offset
+
+    def new_records(self) -> list[dict]:
         try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+            with open(self.path, "rb") as f:
+                if f.seek(0, os.SEEK_END) < self.offset:
+                    self.offset = 0
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        whole = data[: data.rfind(b"\n") + 1]
+        self.offset += len(whole)
+        records = []
+        for line in whole.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+
+def read_metrics(path: Path | str) -> list[dict]:
+    """The records of a metrics.jsonl in file order, also while rank 0 is appending to it (:class:`MetricsFollower`)."""
+    return MetricsFollower(path).new_records()
 
 
 class EventFile:

@@ -32,7 +32,7 @@ from train import run_files
 from train.atomic import write_json_atomic
 from train.config import Config
 from train.errors import ConfigError, Preempted, StopRequested, TrainError
-from train.obs.sinks import POSITION_KEYS
+from train.obs.sinks import POSITION_KEYS, MetricsFollower
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,8 @@ class Forwarding:
         self.name, self.root, self.state_path = name, run_root, run_root / kind.state_file
         state = read_state(self.state_path)
         self.id = state.get("id") or "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-        self.offset, self.step = int(state.get("offset", 0)), int(state.get("step", -1))
+        self.metrics = MetricsFollower(run_root / run_files.METRICS, int(state.get("offset", 0)))
+        self.step = int(state.get("step", -1))
         self._save_state()  # before the tracker starts: a launch killed right after still continues the same run
         self.tracker: Tracker = importlib.import_module(kind.module).start(cfg, run_root, self.id)
         self._stop = threading.Event()
@@ -156,7 +157,7 @@ class Forwarding:
         self._thread.start()
 
     def _save_state(self) -> None:
-        write_json_atomic(self.state_path, {"id": self.id, "offset": self.offset, "step": self.step})
+        write_json_atomic(self.state_path, {"id": self.id, "offset": self.metrics.offset, "step": self.step})
 
     def _loop(self) -> None:
         while not self._stop.wait(FORWARD_EVERY_S):
@@ -168,30 +169,16 @@ class Forwarding:
     def forward(self) -> None:
         """Send every whole line metrics.jsonl gained since the last call."""
         with self._lock:
-            path = self.root / run_files.METRICS
-            try:
-                with open(path, "rb") as f:
-                    if f.seek(0, 2) < self.offset:  # a shorter file (restored from an older mirror): start over
-                        self.offset = 0
-                    f.seek(self.offset)
-                    data = f.read()
-            except FileNotFoundError:
-                return
-            whole = data[: data.rfind(b"\n") + 1]
-            for line in whole.splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            offset = self.metrics.offset
+            for record in self.metrics.new_records():
+                if not isinstance(record.get("step"), int):
                     continue
                 scalars = _scalars(record)
                 # A resumed run redoes the steps after its checkpoint: the tracker keeps the first of each step.
                 if scalars and record["step"] >= self.step:
                     self.tracker.log(scalars, record["step"])
                     self.step = record["step"]
-            if whole:
-                self.offset += len(whole)
+            if self.metrics.offset != offset:
                 self._save_state()
 
     def finish(self, outcome: Outcome, report: Path, preempted_at_step: int | None = None) -> None:

@@ -8,7 +8,6 @@ sweep: a sweep killed outright sends its trials SIGTERM, on which they checkpoin
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -24,6 +23,7 @@ from train.atomic import write_text_atomic
 from train.config import Config, to_yaml, validate
 from train.distributed.lifeline import set_parent_death_signal
 from train.errors import ConfigError
+from train.obs.sinks import MetricsFollower
 from train.sweep.space import with_params
 from train.sweep.study import Claim, trial_name
 
@@ -112,7 +112,7 @@ class TrialRun:
         self.reported = set(reported)
         self.scores: list[tuple[int, float]] = []
         self.last_step = 0
-        self._offset = 0
+        self._metrics = MetricsFollower(self.root / run_files.METRICS)
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
         self.stop_sent: str | None = None
@@ -161,22 +161,9 @@ class TrialRun:
 
     def new_scores(self) -> list[tuple[int, float]]:
         """Validation scores written since the last call, as (step, value), each step once."""
-        path = self.root / run_files.METRICS
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        whole = data[: data.rfind(b"\n") + 1]
-        self._offset += len(whole)
         fresh = []
-        for line in whole.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            step = record.get("step") if isinstance(record, dict) else None
+        for record in self._metrics.new_records():
+            step = record.get("step")
             if not isinstance(step, int):
                 continue
             self.last_step = max(self.last_step, step)

@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from train.atomic import atomic_path, write_json_atomic
-from train.data.readers.pdebench import GroupReader, open_reader
+from train.data.readers.pdebench import GroupReader, pdebench_reader
 from train.engine.metrics import error_sums, finish, nrmse_by_step
 from train.errors import ConfigError, DataError
 from train.pdes import LAYOUTS
@@ -42,7 +42,7 @@ def _open(card: TaskCard, path: Path):
             "(Surrogate.rollout) on a Well dataset"
         )
     settings = card.settings
-    return open_reader(path, card.pde, settings.get("spatial_stride", 1), settings.get("temporal_stride", 1))
+    return pdebench_reader(path, card.pde, settings.get("spatial_stride", 1), settings.get("temporal_stride", 1))
 
 
 def _check(card: TaskCard, reader, path: Path) -> None:

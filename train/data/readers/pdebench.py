@@ -23,27 +23,6 @@ from train.pdes import LAYOUTS, Layout
 READ_BLOCK_BYTES = 64 << 20
 
 
-SPLITS = ("train", "val", "test")
-
-
-def split_ranges(n: int, test_fraction: float, val_fraction: float, test_first: bool = True) -> dict[str, range]:
-    """Contiguous test/val/train ranges in PDEBench's order for the family (``Layout.test_first``).
-
-    test_first (single-file): test is the FIRST share, val follows, train is the rest.
-    Otherwise (group-per-seed): test is the LAST share, val is just before it, train is the front.
-    A positive test fraction keeps at least one test sample; a zero one (the test split comes from its own
-    file) takes none, so no training sample is lost.
-    """
-    n_test = max(1, round(n * test_fraction)) if test_fraction > 0 else 0
-    n_val = round(n * val_fraction)
-    n_train = n - n_test - n_val
-    if n_train < 1:
-        raise DataError(f"{n} samples are too few to split into test={n_test}, val={n_val} and a training set")
-    if test_first:
-        return {"test": range(0, n_test), "val": range(n_test, n_test + n_val), "train": range(n_test + n_val, n)}
-    return {"train": range(0, n_train), "val": range(n_train, n_train + n_val), "test": range(n_train + n_val, n)}
-
-
 class _LazyHdf5:
     """What both readers share: a lazily opened handle and the strided geometry of one sample."""
 
@@ -289,8 +268,8 @@ class GroupReader(_LazyHdf5):
 Reader = SingleFileReader | GroupReader
 
 
-def open_reader(path: str | Path, pde: str, spatial_stride: int = 1, temporal_stride: int = 1) -> Reader:
-    """The reader for the family's storage style (``LAYOUTS[pde].style``)."""
+def pdebench_reader(path: str | Path, pde: str, spatial_stride: int = 1, temporal_stride: int = 1) -> Reader:
+    """The reader of one PDEBench file for the family's storage style (``LAYOUTS[pde].style``)."""
     cls = GroupReader if LAYOUTS[pde].style == "groups" else SingleFileReader
     return cls(path, pde, spatial_stride, temporal_stride)
 

@@ -7,8 +7,12 @@ download machinery (train/data/download.py) adds the verification, the retries a
 
 from __future__ import annotations
 
-from train.data.download import B2Store, LocalStore, Store, check_name
-from train.data.https_store import HttpsStore
+from pathlib import Path
+
+from train.data.stores.b2 import B2Store
+from train.data.stores.base import Store, check_name
+from train.data.stores.https import HttpsStore
+from train.data.stores.local import LocalStore
 from train.errors import ConfigError, DataError
 
 
@@ -22,9 +26,9 @@ def _b2(source: str, b2_api) -> Store:
 
 
 def _local(source: str, b2_api) -> Store:
-    path = source.removeprefix("file://")
-    if source.startswith("file://") and not path.startswith("/"):
-        raise ConfigError(f"file://{path}: file URLs need an absolute path (file:///abs/folder)")
+    path = local_path(source)
+    if source.startswith("file://") and not path.is_absolute():
+        raise ConfigError(f"{source}: file URLs need an absolute path (file:///abs/folder)")
     store = LocalStore(path)
     if not store.root.is_dir():
         raise DataError(f"source folder '{store.root}' not found (or not a folder)")
@@ -38,6 +42,17 @@ STORES = {
     "file://": _local,
 }
 """Scheme -> the store of a location; a location without a scheme is a local folder."""
+
+
+def is_local(location: str) -> bool:
+    """A plain path or a ``file://`` URL, read where it lies; any other scheme names a store whose files are
+    fetched into the data folder."""
+    return "://" not in location or location.startswith("file://")
+
+
+def local_path(location: str) -> Path:
+    """The path a local location names (``file://`` removed, ``~`` expanded)."""
+    return Path(location.removeprefix("file://")).expanduser()
 
 
 def open_store(source: str, b2_api=None) -> Store:

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import requests
 
-from train.data.download import CHUNK, UNREACHABLE, Progress, RemoteFile, check_name
-from train.data.download import _Transient as Transient
+from train.data.stores.base import CHUNK, UNREACHABLE, Progress, RemoteFile, Transient, check_name
 from train.errors import DataError
 
 log = logging.getLogger(__name__)
