@@ -3,8 +3,8 @@
 A process that imports torch holds some 200,000 objects the collector tracks for its whole life (300,000 in a
 rank, which imports dynamo for DDP): modules, functions, classes. Every full collection walks them all again,
 those made while importing as the count grows, the ones in the middle of a run and the interpreter's last one
-at exit. On a 2-core machine that was a quarter of a short run's CPU time: a 2-rank run of configs/tiny.yaml
-took 12 CPU seconds (launcher and ranks) and takes 8.5 with the imports made with the collector paused and
+at exit. On a 2-core machine that was a fifth of a short run's CPU time: a 2-rank run of configs/tiny.yaml
+took 11.5 CPU seconds (launcher and ranks) and takes 8.9 with the imports made with the collector paused and
 ``gc.freeze()`` after them. Frozen objects sit in a generation the collector skips, at exit too; objects made
 later are collected as before, and the frozen ones are freed with the process, as they would be.
 """
