@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 
 from train import Surrogate
-from train.data.generate import generate
+from train.data.acquire.generate import generate
 
 
 def main() -> None:

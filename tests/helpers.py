@@ -78,7 +78,7 @@ def prepare_run(
     """Data, caches and run folder of a config inside ``tmp``, as the launcher prepares them; returns the run
     folder that rank processes read (config.yaml, inputs.json)."""
     from train.config import load_config
-    from train.data.sources import stage_data
+    from train.data.acquire.sources import stage_data
     from train.pipeline import stage_cache
     from train.run_dir import RunDir
 

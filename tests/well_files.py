@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import yaml
 
-from train.data.well_writer import Boundary, WellArray, periodic, write_well_file
+from train.data.formats.well_writer import Boundary, WellArray, periodic, write_well_file
 
 GRIDS = {2: (8, 6), 3: (4, 5, 6)}
 COUNTS = {"train": (2, 3), "valid": (1, 2), "test": (2,)}

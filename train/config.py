@@ -86,6 +86,25 @@ class TaskConfig(Section):
     match it."""
     well: WellConfig | None = None
     """The dataset and windows of a task in The Well's schema; required with pde: well, refused otherwise."""
+    files: DatasetFilesConfig | None = None
+    """Which files and samples of a neural-operator dataset the task reads (pde: fno_*, neuralop_*, pdearena_*);
+    unset settings take the family's published benchmark values (docs/operator-formats.md)."""
+
+    @pydantic.model_validator(mode="after")
+    def _reference_defaults(self) -> TaskConfig:
+        layout = LAYOUTS[self.pde]
+        if layout.style not in FILES_STYLES:
+            if self.files is not None:
+                raise ValueError(f"'files' settings are for the neural-operator families, not pde: {self.pde}")
+            return self
+        reference = layout.reference
+        for key in ("spatial_stride", "initial_step"):
+            if key in reference and key not in self.model_fields_set:
+                object.__setattr__(self, key, reference[key])
+        files = self.files or DatasetFilesConfig()
+        unset = {k: reference[k] for k in DatasetFilesConfig.model_fields if k in reference and getattr(files, k) is None}
+        object.__setattr__(self, "files", files.model_copy(update=unset))
+        return self
 
     @pydantic.model_validator(mode="after")
     def _check_well(self) -> TaskConfig:
@@ -119,6 +138,32 @@ class TaskConfig(Section):
         if self.well is not None and self.well.dataset is not None:
             return f"{self.well.base_path.rstrip('/')}/{self.well.dataset}"
         return self.source
+
+
+FILES_STYLES = ("fno_mat", "neuralop_pt", "pdearena")
+"""The storage styles whose tasks take a ``files`` section."""
+
+
+class DatasetFilesConfig(Section):
+    """The files and samples of a neural-operator dataset (pde: fno_*, neuralop_*, pdearena_*); an unset
+    setting takes the family's published value (docs/operator-formats.md)."""
+
+    train_file: str | None = None
+    """The train file's name under the task's `source` folder or location (FNO: burgers_data_R10.mat,
+    piececonst_r421_N1024_smooth1.mat, ns_V1e-3_N5000_T50.mat; neuraloperator: {name}_train_{resolution}.pt;
+    PDEArena: every .h5 file with 'train' in its name)."""
+    test_file: str | None = None
+    """The test file's name (FNO Darcy: piececonst_r421_N1024_smooth2.mat; neuraloperator:
+    {name}_test_{resolution}.pt; PDEArena: the files named 'test'); where the family has none, the test split is
+    the train file's last `n_test` samples."""
+    n_train: int | None = Field(None, ge=1)
+    """Training samples: the train file's first n (the FNO paper: 1000); None: all the file holds beside the
+    test and validation samples carved from it."""
+    n_test: int | None = Field(None, ge=1)
+    """Test samples: the test file's first n, or the train file's last n where there is no test file (the FNO
+    paper: 100 for Burgers and Darcy, 200 for Navier-Stokes); None: all of the test file, or `test_fraction`."""
+    resolution: int | None = Field(None, ge=2)
+    """neuraloperator's file resolution, the {res} of {name}_{split}_{res}.pt (Darcy 16 ... 421; nsforcing 128)."""
 
 
 class WellConfig(Section):

@@ -7,8 +7,11 @@ docs/data-formats.md ('Supported PDEs', 'Single-file layout', 'Grouped layout').
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+STYLES = ("single", "groups", "well", "fno_mat", "neuralop_pt", "pdearena")
+"""Storage styles, one per row of the Format table (train.data.formats.FORMATS)."""
 
 
 @dataclass(frozen=True)
@@ -18,18 +21,23 @@ class Layout:
     ``style`` "single": one dataset per field, sample axis first. "groups": one group per seed whose ``data``
     array is [t, *space, channel]; ``channels`` is the channel count that array must have. "well": The Well's
     schema, a folder of files per split whose fields, dimensions and channels each file describes itself
-    (``spatial_dims`` 0: read from the files).
+    (``spatial_dims`` 0: read from the files). "fno_mat": the FNO paper's MATLAB files (v5 or v7.3), "neuralop_pt":
+    neuraloperator's torch.save dicts, "pdearena": PDEArena's HDF5 files, one per split and seed.
     """
 
     inputs: tuple[str, ...]
     targets: tuple[str, ...]
     spatial_dims: int
     autoregressive: bool
-    style: Literal["single", "groups", "well"] = "single"
+    style: Literal[STYLES] = "single"
     channels: int | None = None
     generated_file: str | None = None
     """PDEBench's file name pattern of the family ({} is the coefficient); None: no generator. The generator's
-    output adds its settings to it (train.data.generate.generated_filename)."""
+    output adds its settings to it (train.data.acquire.generate.generated_filename)."""
+    reference: dict = field(default_factory=dict)
+    """The settings the family's published benchmark uses, as defaults a task may override: ``spatial_stride``
+    (the reference sub-sampling), ``initial_step``, and the ``files`` section's ``train_file``, ``test_file``,
+    ``n_train``, ``n_test``, ``resolution``."""
 
     @property
     def test_first(self) -> bool:
@@ -55,7 +63,21 @@ LAYOUTS = {
     "shallowwater2d": Layout(("data",), ("data",), 2, True, "groups", 1),  # 2D_rdb_NA_NA.h5
     "diffsorp1d": Layout(("data",), ("data",), 1, True, "groups", 1),  # 1D_diff-sorp_NA_NA.h5
     "well": Layout((), (), 0, True, "well"),  # any dataset of The Well (tasks.<name>.well)
-}
+    # The FNO paper's files (docs/fno-mat.md): a -> u at T=1; coeff -> sol; the first 10 recorded steps -> the rest
+    "fno_burgers": Layout(("a",), ("u",), 1, False, "fno_mat", reference=dict(
+        train_file="burgers_data_R10.mat", n_train=1000, n_test=100, spatial_stride=8)),
+    "fno_darcy": Layout(("coeff",), ("sol",), 2, False, "fno_mat", reference=dict(
+        train_file="piececonst_r421_N1024_smooth1.mat", test_file="piececonst_r421_N1024_smooth2.mat",
+        n_train=1000, n_test=100, spatial_stride=5)),
+    "fno_ns": Layout(("u",), ("u",), 2, True, "fno_mat", reference=dict(
+        train_file="ns_V1e-3_N5000_T50.mat", n_train=1000, n_test=200, initial_step=10)),
+    # neuraloperator's {name}_{train|test}_{resolution}.pt (docs/neuralop-pt.md); Burgers' y is (n, t, x)
+    "neuralop_darcy": Layout(("x",), ("y",), 2, False, "neuralop_pt", reference=dict(resolution=16)),
+    "neuralop_burgers": Layout(("y",), ("y",), 1, True, "neuralop_pt", reference=dict(resolution=16, initial_step=1)),
+    "neuralop_ns": Layout(("x",), ("y",), 2, False, "neuralop_pt", reference=dict(resolution=128)),
+    # PDEArena's NavierStokes2D_{train|valid|test}_*.h5 (docs/pdearena.md): smoke density and velocity
+    "pdearena_ns": Layout(("u", "vx", "vy"), ("u", "vx", "vy"), 2, True, "pdearena", reference=dict(initial_step=4)),
+}  # fmt: skip
 
 GENERATED = tuple(name for name, layout in LAYOUTS.items() if layout.generated_file)
 """The families the project can generate a small dataset of (tasks.<name>.source: generate)."""

@@ -17,8 +17,8 @@ from train.checkpoint import (
     set_aside_unreadable,
 )
 from train.config import Config
-from train.data.cache import CacheInfo, build_cache, building_caches, window_span, write_window_index
-from train.data.sources import SplitFiles, stage_data
+from train.data.acquire.sources import SplitFiles, stage_data
+from train.data.cache.build import CacheInfo, build_cache, building_caches, window_span, write_window_index
 from train.engine.objective import target_frames
 from train.errors import ConfigError, DataError, PreflightError, TrainError
 from train.launch.continuity import check_same_data, initial_weights

@@ -36,10 +36,10 @@ from train import run_files
 from train.atomic import write_json_atomic, write_text_atomic
 from train.checkpoint import training_done
 from train.config import Config, load_config, to_yaml, training_differences
-from train.data.cache import MANIFEST as CACHE_MANIFEST
-from train.data.cache import CacheInfo, changed_mapped_sources
+from train.data.acquire.sources import Provenance
+from train.data.cache.build import MANIFEST as CACHE_MANIFEST
+from train.data.cache.build import CacheInfo, changed_mapped_sources
 from train.data.dataset import LatentInfo
-from train.data.sources import Provenance
 from train.errors import ConfigError, DataError
 from train.model.specs import TaskData, task_spec
 
@@ -215,7 +215,7 @@ class RunDir:
         return tasks
 
     def changed_mapped_sources(self) -> list[str]:
-        """The data files this run's caches map in place that changed since (train.data.cache)."""
+        """The data files this run's caches map in place that changed since (train.data.cache.build)."""
         try:
             inputs = json.loads(self.inputs.read_text())
         except (OSError, ValueError):

@@ -10,8 +10,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tests.helpers import run_ranks
 from train.config import Config, FNOConfig, ModelConfig, TaskConfig, TransformerConfig, UNetConfig
-from train.data import generate
-from train.data.cache import build_cache
+from train.data.acquire import generate
+from train.data.cache.build import build_cache
 from train.distributed.env import DistEnv, destroy_distributed, init_distributed
 from train.engine.evaluate import evaluate_split, validation_loss
 from train.model.factory import build_model

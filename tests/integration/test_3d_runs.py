@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import folders, run_cli
-from train.data.generate_cfd import write_cfd
+from train.data.acquire.generate_cfd import write_cfd
 
 pytestmark = pytest.mark.integration
 

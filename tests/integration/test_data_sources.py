@@ -13,10 +13,10 @@ import pytest
 from tests.b2sim import SENTINEL_KEY, Account
 from tests.helpers import folders, run_cli
 from train.config import load_config
-from train.data import download
+from train.data.acquire import download
+from train.data.acquire.generate import generate
+from train.data.acquire.sources import SplitFiles, stage_data
 from train.data.checksum import hash_file
-from train.data.generate import generate
-from train.data.sources import SplitFiles, stage_data
 from train.errors import DataError, PreflightError
 from train.pipeline import run_stages
 

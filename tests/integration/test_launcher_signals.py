@@ -15,7 +15,7 @@ import pytest
 from filelock import FileLock
 
 from tests.helpers import folders, free_port, launch_in_background, run_cli, startup_s, wait_for
-from train.data.cache import LOCK
+from train.data.cache.build import LOCK
 from train.obs.sinks import read_metrics
 
 pytestmark = pytest.mark.integration

@@ -46,7 +46,7 @@ def test_a_fresh_process_loads_the_run_and_reproduces_the_reports_test_nrmse(tra
     script = textwrap.dedent(f"""
         import json, numpy as np, torch
         from train import Surrogate
-        from train.data.readers.pdebench import pdebench_reader
+        from train.data.formats.pdebench import pdebench_reader
         from train.engine.metrics import error_sums, finish
 
         model = Surrogate.load({str(trained)!r})
@@ -207,7 +207,7 @@ def test_the_exported_fno_runs_in_onnxruntime_as_in_pytorch(trained, tmp_path):
     for name, card in model.tasks.items():
         session = ort.InferenceSession(str(tmp_path / "export" / f"{name}.onnx"), providers=["CPUExecutionProvider"])
         test = report(trained)[name]["data"]["test"]
-        from train.data.readers.pdebench import pdebench_reader
+        from train.data.formats.pdebench import pdebench_reader
 
         reader = pdebench_reader(
             test["file"], card.pde, card.settings["spatial_stride"], card.settings["temporal_stride"]

@@ -14,8 +14,8 @@ from tests.b2sim import Account
 from tests.helpers import folders, run_cli
 from tests.well_files import channel_names, write_dataset, write_stats
 from train.config import validate
-from train.data import download
-from train.data.sources import stage_data
+from train.data.acquire import download
+from train.data.acquire.sources import stage_data
 
 pytestmark = pytest.mark.integration
 

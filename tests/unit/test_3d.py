@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from train.config import FNOConfig, TaskConfig, UNetConfig
-from train.data.cache import build_cache
-from train.data.generate_cfd import cfd_fields, write_cfd
-from train.data.readers import open_reader
+from train.data.acquire.generate_cfd import cfd_fields, write_cfd
+from train.data.cache.build import build_cache
+from train.data.formats import open_reader
 from train.model.fno import FNO, SpectralConv
 from train.model.specs import TaskSpec
 from train.model.unet import UNet

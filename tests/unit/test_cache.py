@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from train.config import TaskConfig
-from train.data import cache as cachemod
-from train.data import checksum, running_stats
-from train.data.cache import MANIFEST, CacheInfo, build_cache, cache_key
+from train.data import checksum
+from train.data.acquire.generate import generate
+from train.data.acquire.sources import SplitFiles
+from train.data.cache import build as cachemod
+from train.data.cache import running_stats
+from train.data.cache.build import MANIFEST, CacheInfo, build_cache, cache_key
 from train.data.checksum import hash_file
-from train.data.generate import generate
-from train.data.sources import SplitFiles
 from train.errors import DataError
 
 CFD1D_KEYS = ("density", "pressure", "Vx")
@@ -235,7 +236,7 @@ def test_small_read_blocks_give_the_same_cache(tmp_path, monkeypatch):
     data = advection_data(seed=3)
     src = write_tensor(tmp_path / "adv.hdf5", data)
     whole = build_cache("adv", task(), src, tmp_path / "a")
-    from train.data.readers import pdebench
+    from train.data.formats import pdebench
 
     monkeypatch.setattr(pdebench, "READ_BLOCK_BYTES", 1)  # one sample per block, in reading and normalising
     small = build_cache("adv", task(), src, tmp_path / "b")
@@ -362,7 +363,7 @@ import logging, sys
 from pathlib import Path
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 from train.config import TaskConfig
-from train.data.cache import build_cache
+from train.data.cache.build import build_cache
 info = build_cache("adv", TaskConfig(pde="advection1d"), Path(sys.argv[1]), Path(sys.argv[2]))
 print("PATH", info.path)
 """
@@ -458,7 +459,7 @@ def test_a_cache_of_an_older_format_is_replaced_with_a_log_line_saying_why(tmp_p
     src = write_tensor(tmp_path / "adv.hdf5", advection_data())
     old = build_cache("adv", task(), src, tmp_path / "cache")
     monkeypatch.setattr(cachemod, "CACHE_FORMAT", cachemod.CACHE_FORMAT + 1)  # a newer version of the package
-    caplog.set_level("INFO", "train.data.cache")
+    caplog.set_level("INFO", "train.data.cache.build")
     new = build_cache("adv", task(), src, tmp_path / "cache")
     assert new.path != old.path and json.loads((new.path / MANIFEST).read_text())["format"] == cachemod.CACHE_FORMAT
     assert f"the cache format changed ({cachemod.CACHE_FORMAT - 1} -> {cachemod.CACHE_FORMAT})" in caplog.text

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from train.config import TaskConfig
-from train.data.cache import build_cache
+from train.data.cache.build import build_cache
 from train.data.dataset import (
     EqualBatchSampler,
     PairDataset,

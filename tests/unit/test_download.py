@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from b2sdk.v2 import UploadSourceBytes
 
-import train.data.stores.local
+import train.data.acquire.stores.local
 from tests.b2sim import SENTINEL_KEY, Account
-from train.data import download
-from train.data.download import _fetch, _stat, describe, fetch_all
-from train.data.stores import open_store
-from train.data.stores.base import CHUNK, RemoteFile, check_name
-from train.data.stores.local import LocalStore
+from train.data.acquire import download
+from train.data.acquire.download import _fetch, _stat, describe, fetch_all
+from train.data.acquire.stores import open_store
+from train.data.acquire.stores.base import CHUNK, RemoteFile, check_name
+from train.data.acquire.stores.local import LocalStore
 from train.errors import DataError, PreflightError
 
 
@@ -181,7 +181,7 @@ def test_unknown_sha1_is_recorded_with_a_warning(b2, tmp_path, caplog):
     b2.bucket.concatenate([UploadSourceBytes(data[:300]), UploadSourceBytes(data[300:])], "data/u.h5")
     assert b2.store().stat("u.h5").sha1 is None
 
-    with caplog.at_level(logging.WARNING, logger="train.data.download"):
+    with caplog.at_level(logging.WARNING, logger="train.data.acquire.download"):
         result = fetch(b2.store(), "u.h5", tmp_path / "u.h5")
 
     assert result.sha1 == sha1(data) and "unverified" in caplog.text
@@ -238,7 +238,7 @@ class SlowStore(LocalStore):
 
 
 def test_ctrl_c_stops_a_batch_promptly_and_leaves_no_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(train.data.stores.local, "CHUNK", 1024)  # the local store copies in chunks
+    monkeypatch.setattr(train.data.acquire.stores.local, "CHUNK", 1024)  # the local store copies in chunks
     for i in range(3):
         (tmp_path / f"x{i}.h5").write_bytes(os.urandom(300 * 1024))  # 3 s per file at 10 ms a chunk
     out = tmp_path / "out"

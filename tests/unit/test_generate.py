@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from train.data import generate as gen
+from train.data.acquire import generate as gen
 
 
 def _make(tmp_path, pde, name="out.hdf5", **kw):
@@ -100,7 +100,7 @@ def test_generated_filename_names_every_setting():
 def test_configs_differing_in_n_samples_keep_a_file_each(tmp_path, monkeypatch):
     from tests.helpers import REPO
     from train.config import load_config
-    from train.data.sources import stage_data
+    from train.data.acquire.sources import stage_data
 
     def config(n_samples: int):
         overrides = [f"run.data_dir={tmp_path / 'data'}", f"tasks.advection1d.n_samples={n_samples}"]
@@ -345,7 +345,7 @@ from pathlib import Path
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 from tests.helpers import REPO
 from train.config import load_config
-from train.data.sources import stage_data
+from train.data.acquire.sources import stage_data
 overrides = [f"run.data_dir={sys.argv[1]}", "tasks.advection1d.n_samples=3000", "tasks.darcy2d.n_samples=10"]
 cfg = load_config(REPO / "configs" / "tiny.yaml", overrides)
 go = Path(sys.argv[2])

@@ -12,9 +12,9 @@ import pytest
 from tests.http_server import FileServer
 from tests.well_files import write_dataset
 from train.config import validate
-from train.data import download
-from train.data.sources import stage_data
-from train.data.stores.https import HttpsStore
+from train.data.acquire import download
+from train.data.acquire.sources import stage_data
+from train.data.acquire.stores.https import HttpsStore
 from train.errors import DataError
 
 
@@ -121,7 +121,7 @@ def test_a_store_this_machine_cannot_reach_is_exit_4_not_a_data_error(served, tm
 
 
 def _pdebench_file(path):
-    from train.data.generate import generate
+    from train.data.acquire.generate import generate
 
     generate("advection1d", path, n_samples=12, resolution=16, coefficient=0.1, seed=0)
 

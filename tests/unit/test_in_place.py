@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.unit.test_cache import CFD1D_KEYS, advection_data, normalised, task, write_cfd, write_darcy, write_tensor
-from train.data import in_place
-from train.data.cache import CacheInfo, build_cache
+from train.data.cache import in_place
+from train.data.cache.build import CacheInfo, build_cache
 from train.errors import DataError
 
 

@@ -10,9 +10,9 @@ import torch
 
 from train.checkpoint import save_checkpoint
 from train.config import TaskConfig, TransformerConfig
-from train.data.cache import build_cache
+from train.data.acquire.generate import generate
+from train.data.cache.build import build_cache
 from train.data.dataset import LatentDataset, training_dataset
-from train.data.generate import generate
 from train.errors import ConfigError
 from train.model.latent import LatentInfo, build_latent_cache
 from train.model.multitask import MultiTaskSurrogate

@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from train.data.generate import generate
-from train.data.readers import pdebench
-from train.data.readers.pdebench import SingleFileReader
+from train.data.acquire.generate import generate
+from train.data.formats import pdebench
+from train.data.formats.pdebench import SingleFileReader
 from train.data.splits import split_ranges
 from train.errors import DataError
 

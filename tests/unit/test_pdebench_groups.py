@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
-from train.data.readers import pdebench
-from train.data.readers.pdebench import LAYOUTS, GroupReader, SingleFileReader, pdebench_reader
+from train.data.formats import pdebench
+from train.data.formats.pdebench import LAYOUTS, GroupReader, SingleFileReader, pdebench_reader
 from train.data.splits import split_ranges
 from train.errors import DataError
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import REPO
 from train.config import load_config
-from train.data.sources import Provenance
+from train.data.acquire.sources import Provenance
 from train.errors import ConfigError, DataError
 from train.run_dir import LaunchRecord, RunDir, rank_arguments
 

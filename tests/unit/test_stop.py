@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from train.atomic import atomic_path
-from train.data.generate import generate
+from train.data.acquire.generate import generate
 from train.errors import StopRequested
 from train.launch.stop import stop_on_signals
 

@@ -14,10 +14,10 @@ import torch
 
 from tests.well_files import GRIDS, channel_names, well_moments, write_dataset, write_stats
 from train.config import TaskConfig
-from train.data.cache import build_cache
+from train.data.acquire.sources import SplitFiles
+from train.data.cache.build import build_cache
 from train.data.dataset import WindowDataset
-from train.data.readers.well import WellReader
-from train.data.sources import SplitFiles
+from train.data.formats.well import WellReader
 from train.engine.well_metrics import vrmse_nrmse
 from train.errors import DataError
 
@@ -157,7 +157,7 @@ def test_files_of_one_split_must_agree(tmp_path):
 
 def test_a_field_constant_along_an_axis_may_be_stored_with_or_without_it(tmp_path):
     """The Well's validator omits an axis that does not vary, its reader wants a singleton: both read the same."""
-    from train.data.well_writer import WellArray, write_well_file
+    from train.data.formats.well_writer import WellArray, write_well_file
 
     grid = GRIDS[2]
     profile = np.linspace(1, 2, grid[1]).astype(np.float32)
@@ -203,7 +203,7 @@ def test_use_stats_file_and_the_files_content_decide_the_cache(tmp_path):
 
 
 def test_a_dataset_without_constants_has_no_constant_channels(tmp_path):
-    from train.data.well_writer import WellArray, write_well_file
+    from train.data.formats.well_writer import WellArray, write_well_file
 
     for split, n in (("train", 3), ("valid", 1), ("test", 1)):
         write_well_file(
@@ -239,7 +239,7 @@ def test_files_that_disagree_with_train_stop_the_data_stage_naming_both(tmp_path
     ValueError (exit 1) at the cache or once the ranks had started: now exit 3 at the data stage."""
     from tests.helpers import REPO
     from train.config import load_config
-    from train.data.sources import stage_data
+    from train.data.acquire.sources import stage_data
 
     root = write_dataset(tmp_path / "rich", 2)
     where, edit, words = DISAGREEMENTS[case]

@@ -28,11 +28,11 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from train.bench import save_result
 from train.config import TaskConfig
-from train.data.cache import CHECKSUMS, CacheInfo, build_cache
+from train.data.acquire.generate import generate
+from train.data.cache.build import CHECKSUMS, CacheInfo, build_cache
 from train.data.checksum import ChecksumMemo
 from train.data.dataset import EqualBatchSampler, keep_batch, training_dataset
-from train.data.generate import generate
-from train.data.readers.pdebench import READ_BLOCK_BYTES
+from train.data.formats.pdebench import READ_BLOCK_BYTES
 from train.obs.procmem import ShmPeak, pss_bytes, shm_size_bytes
 
 RANKS, WORKERS, INITIAL_STEP = 2, 2, 10

@@ -23,7 +23,7 @@ import torch
 from train import run_files
 from train.bench import machine_figures, save_result
 from train.config import Config, load_config
-from train.data.sources import stage_data
+from train.data.acquire.sources import stage_data
 from train.engine.loaders import initial_model
 from train.launch.torchrun import launch
 from train.obs.report import read_summary

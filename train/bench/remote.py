@@ -19,7 +19,7 @@ from train import run_files
 from train.bench import machine_figures, save_result
 from train.bench.trainer_step import RANKS, config, prepare
 from train.config import Config
-from train.data.sources import stage_data
+from train.data.acquire.sources import stage_data
 from train.launch.torchrun import launch
 from train.launch.watchers import watched_launch
 from train.obs.sinks import read_metrics

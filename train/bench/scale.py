@@ -4,8 +4,8 @@ Writes two files in PDEBench's layout: 1D advection, 10,000 x 201 x 1024 float32
 written block by block by the package's generator), and 2D compressible CFD at 128^2 with 4 fields: PDEBench
 publishes 10,000 samples x 21 frames (55 GB); ``--cfd-fraction`` (default 0.1: 1,000 samples, 5.5 GB, so 13.7
 GB of source in all) sets the share written. The CFD fields are an exact solution of the Euler equations
-(train.data.generate_cfd): a density pattern carried by a uniform flow at constant pressure, each sample with its
-own velocity, pressure and pattern. Then, from a cold page cache for the files involved
+(train.data.acquire.generate_cfd): a density pattern carried by a uniform flow at constant pressure, each sample
+with its own velocity, pressure and pattern. Then, from a cold page cache for the files involved
 (``posix_fadvise(DONTNEED)`` on each, nothing machine-wide), it measures:
 
 - the raw sequential read of each source against its cache build (``python -m train cache`` in the 4 GB
@@ -41,8 +41,8 @@ import yaml
 
 from train.bench import cgroup, machine_figures, save_result
 from train.bench.cache_io import evict, raw_read_seconds
-from train.data.generate import generate
-from train.data.generate_cfd import cfd_fields, write_cfd
+from train.data.acquire.generate import generate
+from train.data.acquire.generate_cfd import cfd_fields, write_cfd
 from train.disk import free_bytes, human
 from train.errors import TrainError
 from train.obs.procmem import child_pids, pss_bytes
@@ -226,7 +226,7 @@ def loader_rate(workdir: Path, seconds: float = 20.0) -> dict:
     """The advection cache (in place) through a DataLoader with 2 workers and no model: samples/s per core."""
     from torch.utils.data import DataLoader
 
-    from train.data.cache import CacheInfo
+    from train.data.cache.build import CacheInfo
     from train.data.dataset import EqualBatchSampler, WindowDataset, keep_batch
 
     (folder,) = _cache_dirs(workdir / "cache-in_place", "advection1d")

@@ -22,7 +22,7 @@ from pathlib import Path
 from train import run_files
 from train.bench import machine_figures, save_result
 from train.config import Config, load_config
-from train.data.sources import stage_data
+from train.data.acquire.sources import stage_data
 from train.launch.torchrun import launch
 from train.obs.sinks import read_metrics
 from train.pipeline import stage_cache

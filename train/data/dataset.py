@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.data.cache import CacheInfo, window_index_name, window_span, with_constants, write_window_index
-from train.data.cached_array import CachedArray
+from train.data.cache.build import CacheInfo, window_index_name, window_span, with_constants, write_window_index
+from train.data.cache.cached_array import CachedArray
 
 
 class _Mapped:

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from train.config import Config
-from train.data.cache import CacheInfo
-from train.data.stores import local_path
+from train.data.acquire.stores import local_path
+from train.data.cache.build import CacheInfo
 from train.disk import human
 from train.model.builtin import MODELS, parameter_count
 from train.model.specs import TaskSpec
@@ -97,9 +97,9 @@ def checkpoint_bytes(cfg: Config) -> int:
 
 def cache_bytes(task, source: Path | None, size: int) -> int:
     """About what a task's missing cache will take on disk: nothing where it maps its source in place
-    (train.data.in_place: a PDEBench dataset read whole from plain float32 storage; generated files are), else
+    (train.data.cache.in_place: a PDEBench dataset read whole from plain float32 storage; generated files are), else
     the strided share of the source."""
-    from train.data import in_place
+    from train.data.cache import in_place
     from train.pdes import LAYOUTS
 
     layout = LAYOUTS[task.pde]
@@ -120,8 +120,8 @@ def cache_bytes(task, source: Path | None, size: int) -> int:
 def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> list[tuple[Path, int, list[str]]]:
     """(an existing folder on it, bytes needed, what needs them) per filesystem: checkpoints kept plus one being
     written, each missing source file to generate, and each missing cache (train.launch.capacity.cache_bytes)."""
-    from train.data.generate import file_bytes
-    from train.data.sources import generated_path
+    from train.data.acquire.generate import file_bytes
+    from train.data.acquire.sources import generated_path
 
     needs = {Path(cfg.run.runs_dir): (cfg.train.keep_checkpoints + 1) * checkpoint_bytes(cfg)}
     cache_need = data_need = 0

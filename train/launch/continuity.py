@@ -19,7 +19,7 @@ import torch
 
 from train.checkpoint import BEST, DATA, WEIGHTS_FROM, latest_checkpoint, list_checkpoints
 from train.config import Config
-from train.data.cache import CacheInfo
+from train.data.cache.build import CacheInfo
 from train.errors import ConfigError, DataError
 from train.run_dir import RunDir
 from train.use.surrogate import resolve_initial_weights

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.config import Config
-from train.data.cache import CacheInfo
-from train.data.stores import is_local, local_path
-from train.data.stores.b2 import missing_b2_credentials
+from train.data.acquire.stores import is_local, local_path
+from train.data.acquire.stores.b2 import missing_b2_credentials
+from train.data.cache.build import CacheInfo
 from train.disk import human, unwritable
 from train.errors import ConfigError, PreflightError, TrainError
 from train.launch.address import advertised_address, is_public
@@ -332,7 +332,7 @@ def check_memlock(facts: Facts, topology: Topology | None) -> Check:
 
 def check_data(cfg: Config, facts: Facts) -> Check:
     """Each task's source, without touching the network: missing files or credentials fail here, not mid-run."""
-    from train.data import download
+    from train.data.acquire import download
 
     missing, notes = [], []
     for name, task in cfg.tasks.items():

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from train.config import TaskConfig
-from train.data.cache import CacheInfo
+from train.data.cache.build import CacheInfo
 from train.data.dataset import LatentInfo
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.atomic import atomic_path, fsync_dir
-from train.data.stores.b2 import B2Store
-from train.data.stores.base import RemoteFile, check_name
-from train.data.stores.local import LocalStore
+from train.data.acquire.stores.b2 import B2Store
+from train.data.acquire.stores.base import RemoteFile, check_name
+from train.data.acquire.stores.local import LocalStore
 from train.disk import human
 from train.errors import ConfigError, DataError, DiskFullError
 

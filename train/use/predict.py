@@ -1,7 +1,7 @@
 """``python -m train predict``: a trained model's predictions on an HDF5 file, written as an HDF5 file of the
 same layout, and scored with the report's metrics when the input holds the true frames.
 
-The input is read as training read its data: the task's reader (train.data.readers) at the run's spatial and
+The input is read as training read its data: the task's reader (train.data.formats) at the run's spatial and
 temporal strides. A time-dependent task is rolled out from each trajectory's first ``initial_step`` frames,
 to the input's last frame or for ``--steps`` frames; the output holds the initial frames followed by the
 predicted ones, so it reads back like the input. A steady task (Darcy) gets its solution predicted from its
@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from train.atomic import atomic_path, write_json_atomic
-from train.data.readers.pdebench import GroupReader, pdebench_reader
+from train.data.formats.pdebench import GroupReader, pdebench_reader
 from train.engine.metrics import error_sums, finish, nrmse_by_step
 from train.errors import ConfigError, DataError
 from train.pdes import LAYOUTS

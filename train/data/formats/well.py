@@ -20,7 +20,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from train.data.readers.pdebench import READ_BLOCK_BYTES, open_hdf5
+from train.data.formats.pdebench import READ_BLOCK_BYTES, open_hdf5
 from train.errors import DataError
 
 BOUNDARY_CODES = {"WALL": 0, "OPEN": 1, "PERIODIC": 2}

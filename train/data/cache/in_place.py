@@ -4,7 +4,7 @@ A PDEBench single-file dataset stored uncompressed and contiguous as little-endi
 publishes them) is, byte for byte, the array a cache would hold when the run uses all of it, unstrided: its
 (N, t, *space) samples are the (N, t, *space, 1) trajectories of a one-field family, or one channel of a
 several-field family (CFD's density, pressure, velocities). Such a cache holds no array at all, only where
-each field lies in the file; reads normalise per batch (train.data.cached_array). Its build reads every byte
+each field lies in the file; reads normalise per batch (train.data.cache.cached_array). Its build reads every byte
 once, sequentially, to take the train split's statistics and to refuse non-finite values, as a copying build
 would, and writes nothing but its manifest.
 """
@@ -22,8 +22,8 @@ import h5py
 import numpy as np
 
 from train.config import TaskConfig
-from train.data.cached_array import Field
-from train.data.running_stats import RunningStats
+from train.data.cache.cached_array import Field
+from train.data.cache.running_stats import RunningStats
 from train.errors import DataError, StopRequested
 from train.pdes import LAYOUTS
 

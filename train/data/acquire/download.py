@@ -1,4 +1,4 @@
-"""Fetch files from a store (train.data.stores: a B2 bucket, a web server, a local folder) into the data folder,
+"""Fetch files from a store (train.data.acquire.stores: a B2 bucket, a web server, a local folder) into the data folder,
 verified and atomic.
 
 Guarantees:
@@ -30,9 +30,18 @@ from pathlib import Path
 from tqdm import tqdm
 
 from train.atomic import atomic_path, write_json_atomic
+from train.data.acquire.stores.base import (
+    CHUNK,
+    UNREACHABLE,
+    Progress,
+    RemoteFile,
+    Retryable,
+    Store,
+    Transient,
+    check_name,
+)
+from train.data.acquire.stores.local import LocalStore
 from train.data.node_lock import node_lock
-from train.data.stores.base import CHUNK, UNREACHABLE, Progress, RemoteFile, Retryable, Store, Transient, check_name
-from train.data.stores.local import LocalStore
 from train.disk import human
 from train.errors import DataError
 

@@ -1,9 +1,9 @@
 """Training caches: strided, channels-last float32 arrays, opened memory-mapped and normalised as they are read.
 
 An array is a ``.npy`` file of the cache, or, where the run reads a PDEBench dataset whole from plain storage,
-the dataset itself where it lies in the source file (train.data.in_place): no second copy of the data. Either
+the dataset itself where it lies in the source file (train.data.cache.in_place): no second copy of the data. Either
 way the cache holds physical values and the train split's statistics, and reads normalise per batch
-(train.data.cached_array). A cache never lives in /dev/shm: every rank and DataLoader worker maps the same
+(train.data.cache.cached_array). A cache never lives in /dev/shm: every rank and DataLoader worker maps the same
 files and shares the OS page cache, one copy in RAM whatever the number of processes. A cache folder is named
 by a hash of everything that determines its contents; it is built in a temporary folder and renamed into
 place, so a folder under a final name is always complete and a stale cache is simply never looked up.
@@ -26,16 +26,16 @@ import numpy as np
 
 from train.atomic import atomic_dir, atomic_path, write_json_atomic
 from train.config import TaskConfig
-from train.data import in_place
-from train.data.cached_array import CachedArray, Field
+from train.data.acquire.sources import SplitFiles
+from train.data.cache import in_place
+from train.data.cache.cached_array import CachedArray, Field
+from train.data.cache.in_place import ChannelStats, Placed, file_identity
+from train.data.cache.running_stats import RunningStats
 from train.data.checksum import ALGORITHM, ChecksumMemo
-from train.data.in_place import ChannelStats, Placed, file_identity
+from train.data.formats import open_reader
+from train.data.formats.well_stats import published_moments
 from train.data.node_lock import node_lock
-from train.data.readers import open_reader
-from train.data.running_stats import RunningStats
-from train.data.sources import SplitFiles
 from train.data.splits import SPLITS, split_ranges
-from train.data.well_stats import published_moments
 from train.disk import disk_full_error, reserve
 from train.errors import DataError, StopRequested
 from train.pdes import LAYOUTS
@@ -82,7 +82,7 @@ class CacheInfo:
     statistics: str = "train split"
     """Where the normalising statistics came from: 'train split' or the dataset's 'stats.yaml'."""
     in_place: dict | None = None
-    """Arrays mapped where they lie in the source files (train.data.in_place): {"arrays": {file name: where},
+    """Arrays mapped where they lie in the source files (train.data.cache.in_place): {"arrays": {file name: where},
     "identity": {source: [size, mtime_ns]}}; None: every array is a .npy file of the cache."""
 
     def moments(self, part: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -443,7 +443,7 @@ def _copy(
 
 def _map_in_place(plan: dict, task: TaskConfig, shapes: dict) -> tuple[dict[str, ChannelStats], dict] | None:
     """Where every split's fields lie in their files, when all of them can be mapped in place
-    (train.data.in_place); then one read of them takes the train split's statistics. None: copy."""
+    (train.data.cache.in_place); then one read of them takes the train split's statistics. None: copy."""
     layout = LAYOUTS[task.pde]
     keys = {"": layout.targets} if layout.autoregressive else {"x": layout.inputs, "y": layout.targets}
     placed: dict[tuple[str, str], Placed] = {}

@@ -1,6 +1,6 @@
 """Files served over HTTPS (The Well's file server, or any web server that lists a folder as an index page).
 
-A store for :mod:`train.data.download`, which adds the temporary file, the size check, the retries, the manifest
+A store for :mod:`train.data.acquire.download`, which adds the temporary file, the size check, the retries, the manifest
 and the checksums (SHA-1 and SHA-256, recorded at the first download). This module is only the protocol, on
 ``requests`` (no socket code):
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import requests
 
-from train.data.stores.base import CHUNK, UNREACHABLE, Progress, RemoteFile, Transient, check_name
+from train.data.acquire.stores.base import CHUNK, UNREACHABLE, Progress, RemoteFile, Transient, check_name
 from train.errors import DataError
 
 log = logging.getLogger(__name__)

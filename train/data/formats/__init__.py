@@ -21,8 +21,8 @@ from typing import Protocol
 import numpy as np
 
 from train.config import TaskConfig
-from train.data.readers.pdebench import GroupReader, SingleFileReader
-from train.data.readers.well import WellReader
+from train.data.formats.pdebench import GroupReader, SingleFileReader
+from train.data.formats.well import WellReader
 from train.errors import DataError
 from train.pdes import LAYOUTS
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from train.atomic import write_text_atomic
-from train.data.well_writer import WellArray, periodic, write_well_file
+from train.data.formats.well_writer import WellArray, periodic, write_well_file
 from train.errors import StopRequested
 
 DATASET = "gray_scott_reaction_diffusion"

@@ -20,15 +20,15 @@ from pathlib import Path
 
 from train.atomic import sweep_stale_temporaries
 from train.config import Config, TaskConfig
-from train.data import download, generate
+from train.data.acquire import download, generate
+from train.data.acquire.generate_well import generate_gray_scott
+from train.data.acquire.stores import is_local, local_path, open_store
+from train.data.acquire.stores.b2 import missing_b2_credentials
+from train.data.acquire.stores.base import Store, check_name
 from train.data.checksum import ALGORITHM
-from train.data.generate_well import generate_gray_scott
+from train.data.formats.well import check_splits_agree
 from train.data.node_lock import node_lock
-from train.data.readers.well import check_splits_agree
 from train.data.splits import SPLITS
-from train.data.stores import is_local, local_path, open_store
-from train.data.stores.b2 import missing_b2_credentials
-from train.data.stores.base import Store, check_name
 from train.errors import ConfigError, DataError
 from train.pdes import GENERATED, LAYOUTS
 

@@ -26,7 +26,7 @@ READ_BLOCK_BYTES = 64 << 20
 class _LazyHdf5:
     """What both readers share: a lazily opened handle and the strided geometry of one sample."""
 
-    std_floor = None  # a constant channel is left unscaled (train.data.readers: the reader seam)
+    std_floor = None  # a constant channel is left unscaled (train.data.formats: the reader seam)
 
     path: Path
     pde: str

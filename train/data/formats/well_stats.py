@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from train.data.readers.well import STD_FLOOR
+from train.data.formats.well import STD_FLOOR
 
 log = logging.getLogger(__name__)
 

@@ -2,17 +2,17 @@
 
 ``b2://bucket/prefix`` is a B2 bucket (b2sdk), ``https://`` (and ``http://``) a web server, ``file:///folder`` or
 a plain path a local folder. Each store lists, stats and downloads files by names relative to its root; the
-download machinery (train/data/download.py) adds the verification, the retries and the manifest.
+download machinery (train/data/acquire/download.py) adds the verification, the retries and the manifest.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from train.data.stores.b2 import B2Store
-from train.data.stores.base import Store, check_name
-from train.data.stores.https import HttpsStore
-from train.data.stores.local import LocalStore
+from train.data.acquire.stores.b2 import B2Store
+from train.data.acquire.stores.base import Store, check_name
+from train.data.acquire.stores.https import HttpsStore
+from train.data.acquire.stores.local import LocalStore
 from train.errors import ConfigError, DataError
 
 

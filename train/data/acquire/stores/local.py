@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from train.data.stores.base import CHUNK, Progress, RemoteFile, check_name
+from train.data.acquire.stores.base import CHUNK, Progress, RemoteFile, check_name
 from train.disk import looks_full
 from train.errors import DataError
 
