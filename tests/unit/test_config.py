@@ -518,6 +518,7 @@ def test_every_field_is_documented():
     sections = set(Section.__subclasses__())
     assert sections == {
         TaskConfig,
+        DatasetFilesConfig,
         WellConfig,
         ModelConfig,
         TransformerConfig,
