@@ -12,6 +12,7 @@ from train.checkpoint import CONFIG, model_differences
 from train.config import (
     CompileConfig,
     Config,
+    DatasetFilesConfig,
     DistConfig,
     FNOConfig,
     ModelConfig,
