@@ -93,7 +93,7 @@ class TaskConfig(Section):
     @pydantic.model_validator(mode="after")
     def _reference_defaults(self) -> TaskConfig:
         layout = LAYOUTS[self.pde]
-        if layout.style not in FILES_STYLES:
+        if not layout.takes_files:
             if self.files is not None:
                 raise ValueError(f"'files' settings are for the neural-operator families, not pde: {self.pde}")
             return self
@@ -102,7 +102,8 @@ class TaskConfig(Section):
             if key in reference and key not in self.model_fields_set:
                 object.__setattr__(self, key, reference[key])
         files = self.files or DatasetFilesConfig()
-        unset = {k: reference[k] for k in DatasetFilesConfig.model_fields if k in reference and getattr(files, k) is None}
+        fields = DatasetFilesConfig.model_fields
+        unset = {k: v for k, v in reference.items() if k in fields and getattr(files, k) is None}
         object.__setattr__(self, "files", files.model_copy(update=unset))
         return self
 
@@ -138,10 +139,6 @@ class TaskConfig(Section):
         if self.well is not None and self.well.dataset is not None:
             return f"{self.well.base_path.rstrip('/')}/{self.well.dataset}"
         return self.source
-
-
-FILES_STYLES = ("fno_mat", "neuralop_pt", "pdearena")
-"""The storage styles whose tasks take a ``files`` section."""
 
 
 class DatasetFilesConfig(Section):

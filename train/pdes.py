@@ -40,14 +40,10 @@ class Layout:
     ``n_train``, ``n_test``, ``resolution``."""
 
     @property
-    def test_first(self) -> bool:
-        """PDEBench's split convention: single-file test sets are the first samples, group-per-seed the last."""
-        return self.style == "single"
-
-    @property
-    def multi_file(self) -> bool:
-        """Each split is a folder of files (The Well) rather than one file."""
-        return self.style == "well"
+    def takes_files(self) -> bool:
+        """Its tasks name their files and samples in a ``files`` section (every format after PDEBench's and The
+        Well's, which have templates and a ``well`` section)."""
+        return self.style not in ("single", "groups", "well")
 
 
 LAYOUTS = {

@@ -9,7 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
-from train.data.formats import pdebench
+from train.config import TaskConfig
+from train.data.formats import format_of, pdebench
 from train.data.formats.pdebench import LAYOUTS, GroupReader, SingleFileReader, pdebench_reader
 from train.data.splits import split_ranges
 from train.errors import DataError
@@ -63,10 +64,10 @@ def test_group_layouts():
     for pde in FAMILIES:
         assert LAYOUTS[pde].style == "groups"
         assert LAYOUTS[pde].autoregressive
-        assert LAYOUTS[pde].test_first is False
+        assert format_of(pde).ranges(TaskConfig(pde=pde), 10, True, True)["test"] == range(9, 10)  # the last
     for pde in ("advection1d", "burgers1d", "darcy2d", "cfd1d", "cfd2d"):
         assert LAYOUTS[pde].style == "single"
-        assert LAYOUTS[pde].test_first is True
+        assert format_of(pde).ranges(TaskConfig(pde=pde), 10, True, True)["test"] == range(0, 1)  # the first
 
 
 @pytest.mark.parametrize("pde", sorted(FAMILIES))

@@ -1,16 +1,18 @@
-"""python -m train.bench [cache-io|trainer|models|remote|well|finetune|sweep|scale|all]: the benchmarks, each writing
-NAME.json/.md to --out.
+"""python -m train.bench [cache-io|trainer|models|remote|well|operators|finetune|sweep|scale|all]: the benchmarks,
+each writing NAME.json/.md to --out.
 
 - cache-io: data loading, our mmap cache against per-sample h5py and shared memory (train/bench/cache_io.py);
 - trainer: our trainer's step time against a bare DDP loop (train/bench/trainer_step.py);
 - models: each built-in model and training objective at the same time budget, test nRMSE (train/bench/models.py);
 - remote: the trainer's step time with and without a slow remote mirroring its checkpoints (train/bench/remote.py);
 - well: configs/well.yaml from nothing, timed, one-step VRMSE against the baseline (train/bench/well.py);
+- operators: configs/fno-darcy.yaml, fno-burgers.yaml and pdearena-ns.yaml from nothing, test relative L2 against
+  the baseline and beside the published FNO errors (train/bench/operators.py);
 - finetune: the default advection model fine-tuned on another coefficient against training from scratch
   (train/bench/finetune.py);
 - sweep: an 8-trial search over the FNO's width, modes and learning rate against the default config
   (train/bench/sweep.py);
-- all (the default, also when only options are given): all seven (not scale), with their default sizes.
+- all (the default, also when only options are given): all eight (not scale), with their default sizes.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from train.bench import cache_io, finetune, models, remote, scale, sweep, trainer_step, well
+from train.bench import cache_io, finetune, models, operators, remote, scale, sweep, trainer_step, well
 from train.errors import TrainError
 
-COMMANDS = ("cache-io", "trainer", "models", "remote", "well", "finetune", "sweep", "scale", "all")
+COMMANDS = ("cache-io", "trainer", "models", "remote", "well", "operators", "finetune", "sweep", "scale", "all")
 # Each benchmark's own options and their defaults (``all`` runs both with these).
 CACHE_IO = {"cache_gb": 1.1, "steps": 400, "h5py_steps": 40, "warmup": 5}
 TRAINER = {"steps": 150, "warmup": 20, "repeats": 5}
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     re.add_argument("--repeats", type=int, default=REMOTE["repeats"], help="pairs of launches, alternating")
     re.add_argument("--rate-mb-s", type=float, default=REMOTE["rate_mb_s"], help="upload speed of the remote")
     _common(sub.add_parser("well", help=well.__doc__.splitlines()[0]))
+    _common(sub.add_parser("operators", help=operators.__doc__.splitlines()[0]))
     _common(sub.add_parser("finetune", help=finetune.__doc__.splitlines()[0]))
     _common(sub.add_parser("sweep", help=sweep.__doc__.splitlines()[0]))
     sc = sub.add_parser("scale", help=scale.__doc__.splitlines()[0])
@@ -130,6 +133,12 @@ def well_main(args: argparse.Namespace) -> dict:
     return result
 
 
+def operators_main(args: argparse.Namespace) -> dict:
+    result = operators.run(args.out, args.workdir, args.quick)
+    print((args.out / "operators.md").read_text(), flush=True)
+    return result
+
+
 def finetune_main(args: argparse.Namespace) -> dict:
     result = finetune.run(args.out, args.workdir, args.quick)
     print((args.out / "finetune.md").read_text(), flush=True)
@@ -170,10 +179,20 @@ def main(argv: list[str] | None = None) -> int:
         "models": [models_main],
         "remote": [remote_main],
         "well": [well_main],
+        "operators": [operators_main],
         "finetune": [finetune_main],
         "sweep": [sweep_main],
         "scale": [scale_main],  # 15 GB of disk and tens of minutes: not part of all
-        "all": [cache_io_main, trainer_main, models_main, remote_main, well_main, finetune_main, sweep_main],
+        "all": [
+            cache_io_main,
+            trainer_main,
+            models_main,
+            remote_main,
+            well_main,
+            operators_main,
+            finetune_main,
+            sweep_main,
+        ],
     }
     missed = []
     try:

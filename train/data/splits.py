@@ -8,7 +8,7 @@ SPLITS = ("train", "val", "test")
 
 
 def split_ranges(n: int, test_fraction: float, val_fraction: float, test_first: bool = True) -> dict[str, range]:
-    """Contiguous test/val/train ranges in PDEBench's order for the family (``Layout.test_first``).
+    """Contiguous test/val/train ranges in PDEBench's order for the family's style.
 
     test_first (single-file): test is the FIRST share, val follows, train is the rest.
     Otherwise (group-per-seed): test is the LAST share, val is just before it, train is the front.

@@ -15,6 +15,7 @@ from torch import nn
 
 from train.data.cache.build import CacheInfo
 from train.data.dataset import training_dataset
+from train.data.formats import format_of
 from train.distributed.collectives import all_reduce_sum
 from train.distributed.env import DistEnv
 from train.engine.loss import task_loss
@@ -76,7 +77,7 @@ def evaluate_split(
     model.eval()
     results = {}
     for task in tasks:
-        well = task.info.pde == "well"
+        well = "well" in format_of(task.info.pde).metrics
         if task.spec.autoregressive:
             n, k, c = task.info.sizes[split], task.spec.initial_step, task.spec.out_channels
             frames = len(range(0, task.info.n_frames, task.spec.frame_stride))

@@ -26,11 +26,11 @@ import torch
 
 from train.distributed.collectives import all_reduce_max, all_reduce_sum
 
-KEYS = ("rmse", "nrmse", "crmse", "brmse", "max_error", "frmse_low", "frmse_mid", "frmse_high")
+KEYS = ("rmse", "nrmse", "crmse", "brmse", "max_error", "frmse_low", "frmse_mid", "frmse_high", "rel_l2")
 # fRMSE bands over the wavenumber bins (PDEBench's iLow=4, iHigh=12).
 BANDS = {"frmse_low": (0, 4), "frmse_mid": (4, 12), "frmse_high": (12, None)}
 # Order of ErrorSums.scalars: sums over (sample, time, channel) terms, the number of terms, of samples.
-SCALARS = ("rmse", "nrmse", "brmse", "terms", "samples")
+SCALARS = ("rmse", "nrmse", "brmse", "rel_l2", "terms", "samples")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ class ErrorSums:
     """One rank's partial results (float64, CPU); ``+`` merges two, ``all_reduce`` merges all ranks'."""
 
     scalars: torch.Tensor
-    """(len(SCALARS),): sums of per-term RMSE, nRMSE, bRMSE; the number of terms; the number of samples."""
+    """(len(SCALARS),): sums of per-term RMSE, nRMSE, bRMSE; of per-sample relative L2; the number of terms; the
+    number of samples."""
     conservation: torch.Tensor
     """(time, channel): sum over samples of (mean_x (p - y))^2, cRMSE's square before the root."""
     spectrum: torch.Tensor
@@ -133,7 +134,9 @@ def error_sums(pred: torch.Tensor, target: torch.Tensor) -> ErrorSums:
 
     Per (sample, time, channel): RMSE = sqrt(mean_x e^2), nRMSE = RMSE / sqrt(mean_x y^2), bRMSE = RMSE on
     the boundary faces; per (time, channel) over samples: the conservation error mean_x e (cRMSE), the
-    binned Fourier power of e (fRMSE) and max |e| (max error); e = p - y.
+    binned Fourier power of e (fRMSE) and max |e| (max error); e = p - y. Per sample: the relative L2 error
+    ||e||_2 / ||y||_2 over the whole predicted field, every step and channel (the neural-operator literature's
+    metric: neuraloperator's LpLoss with p=2, the FNO paper's tables).
     """
     assert pred.shape == target.shape and pred.dim() >= 4, (pred.shape, target.shape)
     if not len(pred):  # no FFT of an empty batch (MKL rejects it)
@@ -145,11 +148,14 @@ def error_sums(pred: torch.Tensor, target: torch.Tensor) -> ErrorSums:
     scale = target.square().mean(space).sqrt().clamp_min(torch.finfo(torch.float64).tiny)
     nrmse = rmse / scale  # (sample, time, channel)
     brmse = _boundary_square_mean(err).sqrt()
+    tiny = torch.finfo(torch.float64).tiny
+    rel_l2 = err.flatten(1).norm(dim=1) / target.flatten(1).norm(dim=1).clamp_min(tiny)
     scalars = torch.stack(
         [
             rmse.sum(),
             nrmse.sum(),
             brmse.sum(),
+            rel_l2.sum(),
             torch.tensor(float(rmse.numel()), dtype=torch.float64, device=err.device),
             torch.tensor(float(len(err)), dtype=torch.float64, device=err.device),
         ]
@@ -166,6 +172,7 @@ def finish(sums: ErrorSums) -> dict[str, float]:
     if terms == 0 or samples == 0:
         return dict.fromkeys(KEYS, float("nan"))
     out = {k: float(sums.scalars[SCALARS.index(k)]) / terms for k in ("rmse", "nrmse", "brmse")}
+    out["rel_l2"] = float(sums.scalars[SCALARS.index("rel_l2")]) / samples
     out["crmse"] = float((sums.conservation / samples).sqrt().mean())
     out["max_error"] = float(sums.max_abs.mean())
     per_bin = (sums.spectrum / samples).sqrt()  # (time, channel, bins)

@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from train.config import Config
-from train.data.acquire.stores import local_path
+from train.data.acquire.stores import is_local, local_path
 from train.data.cache.build import CacheInfo
+from train.data.formats import channels, format_of
 from train.disk import human
 from train.model.builtin import MODELS, parameter_count
 from train.model.specs import TaskSpec
@@ -60,7 +61,6 @@ def _existing(path: Path) -> Path:
 ASSUMED_POINTS = 128
 """Grid points per axis assumed for a task whose data is not read yet (not generated here); only the
 transformer's position embeddings and the FNO's mode limit depend on it."""
-ASSUMED_WELL_CHANNELS = 4
 
 
 def assumed_specs(cfg: Config) -> dict[str, TaskSpec]:
@@ -72,12 +72,7 @@ def assumed_specs(cfg: Config) -> dict[str, TaskSpec]:
         dims = layout.spatial_dims or 2  # a Well dataset's dimensions are in its files: assume 2D
         points = task.resolution if task.source == "generate" else ASSUMED_POINTS
         n = -(-len(range(0, points, task.spatial_stride)) // task.patch_size) * task.patch_size
-        if layout.style == "well":
-            c_in = c_out = ASSUMED_WELL_CHANNELS
-        elif layout.style == "groups":
-            c_in = c_out = layout.channels or 1
-        else:
-            c_in, c_out = len(layout.inputs), len(layout.targets)
+        c_in, c_out = channels(layout)
         specs[name] = TaskSpec((n,) * dims, c_in, c_out, task.patch_size, task.initial_step, layout.autoregressive)
     return specs
 
@@ -100,11 +95,10 @@ def cache_bytes(task, source: Path | None, size: int) -> int:
     (train.data.cache.in_place: a PDEBench dataset read whole from plain float32 storage; generated files are), else
     the strided share of the source."""
     from train.data.cache import in_place
-    from train.pdes import LAYOUTS
 
     layout = LAYOUTS[task.pde]
     whole = task.spatial_stride == 1 and (not layout.autoregressive or task.temporal_stride == 1)
-    if layout.style == "single" and whole:
+    if format_of(task.pde).in_place and whole:
         if source is None or not source.is_file():
             return 0
         keys = layout.targets if layout.autoregressive else layout.inputs + layout.targets
@@ -127,19 +121,21 @@ def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> 
     cache_need = data_need = 0
     for name, task in cfg.tasks.items():
         if caches.get(name) is None:
-            if task.pde == "well":
-                folder = Path(cfg.run.data_dir) / name if task.location == "generate" else Path(task.location)
-                size = sum(p.stat().st_size for p in folder.glob("data/*/*") if p.is_file()) if folder.is_dir() else 0
-                source = None
-            elif task.source == "generate":
+            one_file = LAYOUTS[task.pde].style in ("single", "groups")  # PDEBench: the dataset is one file
+            if one_file and task.source == "generate":
                 source = generated_path(Path(cfg.run.data_dir), name, task)
                 generated = file_bytes(task.pde, task.n_samples, task.resolution)
                 size = source.stat().st_size if source.is_file() else generated
                 data_need += 0 if source.is_file() else generated
-            else:
+            elif one_file:
                 source = local_path(task.source)
                 size = source.stat().st_size if source.is_file() else 0
-            cache_need += cache_bytes(task, source, size) if task.pde != "well" else size
+            else:  # a folder of files (a generated demo's is small); a remote one is sized after its download
+                source = None
+                where = Path(cfg.run.data_dir) / name if task.location == "generate" else local_path(task.location)
+                files = [where] if where.is_file() else where.rglob("*") if is_local(task.location) else []
+                size = sum(p.stat().st_size for p in files if p.is_file())
+            cache_need += cache_bytes(task, source, size)
     needs[Path(cfg.run.cache_dir)] = cache_need
     needs[Path(cfg.run.data_dir)] = needs.get(Path(cfg.run.data_dir), 0) + data_need
     by_device: dict[int, tuple[Path, int, list[str]]] = {}

@@ -28,6 +28,7 @@ HEADINGS = {
     "frmse_low": "fRMSE low",
     "frmse_mid": "fRMSE mid",
     "frmse_high": "fRMSE high",
+    "rel_l2": "rel. L2",
 }
 
 
@@ -170,7 +171,8 @@ def _markdown(
         "the RMSE on the domain's boundary; max error the largest |error| per time step and channel, averaged;",
         "fRMSE the Fourier error in wavenumber bands low k < 4, mid 4 <= k < 12, high k >= 12 (n/a: the grid",
         "has no such modes). Baselines: repeat the last input frame (time-dependent tasks), the training set's",
-        "mean field (steady tasks).",
+        "mean field (steady tasks). rel. L2 is the neural-operator literature's relative L2 error",
+        "||prediction - truth|| / ||truth|| per sample over the whole predicted field, averaged.",
         "",
         *_fine_tuned(weights_from),
         "| task | | " + " | ".join(HEADINGS.values()) + " | samples |",

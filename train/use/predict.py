@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from train.atomic import atomic_path, write_json_atomic
+from train.data.formats import format_of
 from train.data.formats.pdebench import GroupReader, pdebench_reader
 from train.engine.metrics import error_sums, finish, nrmse_by_step
 from train.errors import ConfigError, DataError
@@ -35,12 +36,9 @@ COORDINATES = {"x": "x-coordinate", "y": "y-coordinate", "z": "z-coordinate", "t
 
 
 def _open(card: TaskCard, path: Path):
-    style = LAYOUTS[card.pde].style
-    if style == "well":
-        raise ConfigError(
-            f"task {card.name} reads The Well's folders; predict writes PDEBench layouts only. Use the Python API "
-            "(Surrogate.rollout) on a Well dataset"
-        )
+    refusal = format_of(card.pde).predicts
+    if refusal is not None:
+        raise ConfigError(f"task {card.name} is {card.pde} data: {refusal}")
     settings = card.settings
     return pdebench_reader(path, card.pde, settings.get("spatial_stride", 1), settings.get("temporal_stride", 1))
 

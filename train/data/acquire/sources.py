@@ -1,10 +1,11 @@
 """The data stage: give every task a local file for each split, generated, found in place or downloaded.
 
-A task's ``source`` is 'generate', one HDF5 file, a local folder (``file://`` too) or ``b2://bucket/prefix``.
-Folders and buckets are searched with the task's templates, split by split, first match wins. The train file
-is required; a missing val or test file is carved from the train file by PDEBench's convention for the
-file's family, and the log and the run's report say so. Local files are used in place (the cache is the
-node-local copy); remote ones are downloaded, verified and renamed into ``data/<task>/<split>.h5``.
+A task's ``source`` is 'generate', one file, a local folder (``file://`` too), ``b2://bucket/prefix`` or an
+``https://`` folder. Folders, buckets and servers are searched split by split as the task's Format says
+(train.data.formats: PDEBench's templates, The Well's split folders, the neural-operator file names). The train
+file is required; a missing val or test split is carved from the train file by the format's convention, and
+the log and the run's report say so. Local files are used in place (the cache is the node-local copy); remote
+ones are downloaded, verified and renamed into ``data/<task>/`` (PDEBench's as ``<split>.h5``).
 
 Every task's files come with their provenance (where each split came from, what the stage warned about),
 which the launcher writes into the run folder: a run can be traced without the data folder.
@@ -21,11 +22,15 @@ from pathlib import Path
 from train.atomic import sweep_stale_temporaries
 from train.config import Config, TaskConfig
 from train.data.acquire import download, generate
+from train.data.acquire.generate_fno import generate_fno
+from train.data.acquire.generate_neuralop import generate_neuralop
+from train.data.acquire.generate_pdearena import generate_pdearena
 from train.data.acquire.generate_well import generate_gray_scott
 from train.data.acquire.stores import is_local, local_path, open_store
 from train.data.acquire.stores.b2 import missing_b2_credentials
 from train.data.acquire.stores.base import Store, check_name
 from train.data.checksum import ALGORITHM
+from train.data.formats import format_of
 from train.data.formats.well import check_splits_agree
 from train.data.node_lock import node_lock
 from train.data.splits import SPLITS
@@ -34,8 +39,9 @@ from train.pdes import GENERATED, LAYOUTS
 
 log = logging.getLogger(__name__)
 
-PDEBENCH_SPLIT_NAMES = {"train": "Train", "val": "Valid", "test": "Test"}
 HDF5_SUFFIXES = (".h5", ".hdf5")
+FILE_SUFFIXES = (*HDF5_SUFFIXES, ".mat", ".pt")
+"""A source ending in one of these names one file rather than a folder."""
 
 
 @dataclass(frozen=True)
@@ -152,20 +158,14 @@ def _fetched_origin(store: Store, result: download.FetchResult) -> dict:
 
 
 def _carved_origin(task: TaskConfig, split: str, train: dict) -> dict:
-    fraction = task.test_fraction if split == "test" else task.val_fraction
-    if LAYOUTS[task.pde].multi_file:
-        return {"origin": "carved", "file": train["file"], "carved_from": train.get("url", train["file"]),
-                "convention": f"the train files' last trajectories; {split}_fraction={fraction}"}  # fmt: skip
-    if LAYOUTS[task.pde].test_first:
-        rule = "single-file convention: test, val, train in sample order"
-    else:
-        rule = "group-per-seed convention: train, val, test in sorted group order"
-    convention = f"PDEBench's {rule}; {split}_fraction={fraction}"
+    share = f"{split}_fraction={task.test_fraction if split == 'test' else task.val_fraction}"
+    if split == "test" and task.files is not None and task.files.n_test:
+        share = f"files.n_test={task.files.n_test}"
     return {
         "origin": "carved",
         "file": train["file"],
         "carved_from": train.get("url", train["file"]),
-        "convention": convention,
+        "convention": f"{format_of(task.pde).carving}; {share}",
     }
 
 
@@ -239,47 +239,54 @@ def _downloaded_earlier(name: str, task: TaskConfig, data_dir: Path) -> _Found |
     return result
 
 
-def _search(name: str, task: TaskConfig, data_dir: Path, b2_api) -> _Found:
-    """Find each split's file under a folder or bucket with the task's templates."""
-    if task.source.startswith("b2://") and b2_api is None and missing_b2_credentials():
+def _search(name: str, task: TaskConfig, location: str, data_dir: Path, b2_api) -> _Found:
+    """Find each split's files under a folder, bucket or server by the task's Format; remote ones are downloaded
+    into ``data/<task>/``, local ones used in place."""
+    fmt = format_of(task.pde)
+    if location.startswith("b2://") and b2_api is None and missing_b2_credentials() and not fmt.keeps_names:
         earlier = _downloaded_earlier(name, task, data_dir)
         if earlier is not None:
             return earlier
-    store = open_store(task.source, b2_api)
-    remote = not is_local(task.source)
-    found: dict[str, Path | None] = {}
+    store = open_store(location, b2_api)
+    remote = not is_local(location)
+    found: dict[str, Path | tuple[Path, ...] | None] = {}
     origins, warnings, jobs = {}, [], []
     for split in SPLITS:
-        tried = []
-        for template in task.templates:
-            rel = check_name(template.format(task=name, split=split, Split=PDEBENCH_SPLIT_NAMES[split]))
-            tried.append(f"{store.url.rstrip('/')}/{rel}")
-            if store.stat(rel) is None:
-                continue
-            if remote:
-                found[split] = data_dir / name / f"{split}.h5"
-                jobs.append((store, rel, found[split]))
-            else:
-                found[split] = store.path(rel)  # a local file is read in place
-                origins[split] = _local_origin(found[split])
-            break
-        else:
+        names = [check_name(n) for n in fmt.locate(store, name, task, split)]
+        if not names:
             found[split] = None
-            where = "\n    ".join(tried)
+            wanted = fmt.looks_for(name, task, split)
+            where = f"{store.url.rstrip('/')}: {wanted}"
             if split == "train":
-                raise DataError(
-                    f"tasks.{name}: no train file found; tried:\n    {where}\n  "
-                    f"(fix tasks.{name}.source or tasks.{name}.templates)"
-                )
-            family = "single-file" if LAYOUTS[task.pde].test_first else "group-per-seed"
-            position = "first" if LAYOUTS[task.pde].test_first else "last"
-            _warn(
-                warnings,
-                f"data {name}: no {split} file (tried {', '.join(tried)}); carving it from the train file by "
-                f"PDEBench's {family} convention (the {position} samples)",
-            )
-    assert found["train"] is not None
-    return _Found(SplitFiles(train=found["train"], val=found["val"], test=found["test"]), origins, warnings, jobs)
+                raise DataError(f"tasks.{name}: no train file found in {where} (fix tasks.{name}.source, "
+                                f"tasks.{name}.templates or tasks.{name}.files; the layout: {fmt.docs})")  # fmt: skip
+            if wanted is None:  # the format's convention: no file of this split, always carved
+                log.info("data %s: the %s split is carved from the train file by %s", name, split, fmt.carving)
+            else:
+                _warn(warnings, f"data {name}: no {split} file in {where}; carving it from the train file by "
+                                f"{fmt.carving}")  # fmt: skip
+            continue
+        if len(names) > 1 and not fmt.many_files:
+            raise DataError(f"tasks.{name}: a {task.pde} {split} split is one file, found {names} in {store.url}")
+        if remote:
+            paths = [data_dir / name / (n if fmt.keeps_names else f"{split}.h5") for n in names]
+            jobs += [(store, n, p) for n, p in zip(names, paths, strict=True)]
+        else:
+            paths = [store.path(n) for n in names]  # a local file is read in place
+            origins[split] = _local_origin(paths[0])
+            if fmt.many_files:
+                folder = paths[0].parent
+                origins[split] = {"origin": "local", "file": str(folder), "files": [_local_origin(p) for p in paths]}
+        found[split] = tuple(paths) if fmt.many_files else paths[0]
+    stats = None
+    if task.pde == "well" and store.stat("stats.yaml") is not None:
+        stats = data_dir / name / "stats.yaml" if remote else store.path("stats.yaml")
+        if remote:
+            jobs.append((store, "stats.yaml", stats))
+    log.info("data %s: %s at %s (%s)", name, task.pde, location,
+             ", ".join(f"{s}: {len(SplitFiles(**found).paths(s))} file(s)" for s in SPLITS))  # fmt: skip
+    files = SplitFiles(train=found["train"], val=found["val"], test=found["test"], stats_file=stats)
+    return _Found(files, origins, warnings, jobs)
 
 
 def _with_provenance(found: _Found, task: TaskConfig, fetched: dict[Path, tuple]) -> SplitFiles:
@@ -302,54 +309,32 @@ def _with_provenance(found: _Found, task: TaskConfig, fetched: dict[Path, tuple]
     return replace(found.files, provenance=provenance)
 
 
-WELL_FOLDERS = {"train": "train", "val": "valid", "test": "test"}
-"""Our split names -> The Well's folders under ``<dataset>/data/``."""
+DEMO_GENERATORS = {
+    "well": lambda folder, t: generate_gray_scott(folder, seed=t.seed),
+    "fno_mat": lambda folder, t: generate_fno(folder, t.pde, t.n_samples, t.resolution, t.seed)[0].parent,
+    "neuralop_pt": lambda folder, t: generate_neuralop(folder, t.pde, t.n_samples, t.resolution, t.seed)[0].parent,
+    "pdearena": lambda folder, t: generate_pdearena(folder, t.n_samples, t.resolution, t.seed)[0].parent,
+}
+"""Storage style -> the demo dataset of source 'generate' written in that format into a folder (PDEBench's
+families generate one file each: train.data.acquire.generate)."""
 
 
-def _well(name: str, task: TaskConfig, data_dir: Path, b2_api, dry_run: bool) -> _Found:
-    """A Well dataset: every .hdf5/.h5 file of each split folder, and stats.yaml; remote ones are downloaded
-    into ``data/<task>/`` under their own relative names, local ones used in place."""
-    location = task.location
-    if location == "generate" and dry_run:
-        print(f"generate the Gray-Scott demo dataset (The Well's schema) -> {data_dir / name}")
-        return _Found(SplitFiles(train=()))
-    if location == "generate":
-        with node_lock(data_dir / name / ".generate.lock", f"another process to finish generating {data_dir / name}"):
-            location = str(generate_gray_scott(data_dir / name, seed=task.seed))
-        log.info("data %s: Gray-Scott demo dataset in The Well's schema at %s", name, location)
-    store = open_store(location, b2_api)
-    remote = not is_local(location)
-    found: dict[str, tuple[Path, ...] | None] = {}
-    origins, warnings, jobs = {}, [], []
-    for split, folder in WELL_FOLDERS.items():
-        names = [n for n in store.list(f"data/{folder}") if n.lower().endswith(HDF5_SUFFIXES)]
-        where = f"{store.url.rstrip('/')}/data/{folder}/"
-        if not names:
-            if split == "train":
-                raise DataError(
-                    f"tasks.{name}: no .hdf5 file in {where}; a Well dataset is <dataset>/data/{{train,valid,test}}/"
-                    f"*.hdf5 (fix tasks.{name}.source or well.base_path / well.dataset)"
-                )
-            found[split] = None
-            _warn(warnings, f"data {name}: no {split} files in {where}; carving the split from the train files' last "
-                            "trajectories")  # fmt: skip
-            continue
-        if remote:
-            found[split] = tuple(data_dir / name / n for n in names)
-            jobs += [(store, n, data_dir / name / n) for n in names]
-        else:
-            found[split] = tuple(store.path(n) for n in names)
-            files = [_local_origin(p) for p in found[split]]
-            origins[split] = {"origin": "local", "file": str(store.path(f"data/{folder}")), "files": files}
-    stats = None
-    if store.stat("stats.yaml") is not None:
-        stats = data_dir / name / "stats.yaml" if remote else store.path("stats.yaml")
-        if remote:
-            jobs.append((store, "stats.yaml", stats))
-    log.info("data %s: Well dataset at %s (%s)", name, location,
-             ", ".join(f"{s}: {len(found[s] or ())} file(s)" for s in SPLITS))  # fmt: skip
-    files = SplitFiles(train=found["train"], val=found["val"], test=found["test"], stats_file=stats)
-    return _Found(files, origins, warnings, jobs)
+def _generate_demo(name: str, task: TaskConfig, data_dir: Path, dry_run: bool) -> str | None:
+    """The folder source 'generate' writes a demo dataset of the task's format into; None in a dry run."""
+    folder = data_dir / name
+    if dry_run:
+        print(f"generate a {task.pde} demo dataset -> {folder}")
+        return None
+    with node_lock(folder / ".generate.lock", f"another process to finish generating {folder}"):
+        folder = DEMO_GENERATORS[LAYOUTS[task.pde].style](folder, task)
+    log.info("data %s: a %s demo dataset at %s", name, task.pde, folder)
+    return str(folder)
+
+
+def _file_source(task: TaskConfig) -> tuple[str, TaskConfig]:
+    """A neural-operator task whose source names one file: that file is the train file of its folder."""
+    folder, _, file_name = task.source.rstrip("/").rpartition("/")
+    return folder or ".", task.model_copy(update={"files": task.files.model_copy(update={"train_file": file_name})})
 
 
 def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, SplitFiles]:
@@ -362,14 +347,20 @@ def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, 
             log.warning("removed %s, a partial file a killed writer left behind", stale)
     found: dict[str, _Found] = {}
     for name, task in cfg.tasks.items():
-        if LAYOUTS[task.pde].multi_file:
-            found[name] = _well(name, task, data_dir, b2_api, dry_run)
-        elif task.source == "generate":
+        style, location = LAYOUTS[task.pde].style, task.location
+        if style in ("single", "groups") and task.source == "generate":
             found[name] = _generate(name, task, data_dir, dry_run)
-        elif task.source.lower().endswith(HDF5_SUFFIXES):
+        elif style in ("single", "groups") and task.source.lower().endswith(HDF5_SUFFIXES):
             found[name] = _single_file(name, task, data_dir, b2_api)
         else:
-            found[name] = _search(name, task, data_dir, b2_api)
+            if location == "generate":
+                location = _generate_demo(name, task, data_dir, dry_run)
+                if location is None:  # a dry run writes nothing
+                    found[name] = _Found(SplitFiles(train=()))
+                    continue
+            elif task.files is not None and task.source.lower().endswith(FILE_SUFFIXES):
+                location, task = _file_source(task)
+            found[name] = _search(name, task, location, data_dir, b2_api)
     jobs = [job for f in found.values() for job in f.jobs]
     if dry_run:
         for line in download.describe(jobs) if jobs else ["nothing to download"]:
@@ -377,7 +368,7 @@ def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, 
         return {name: f.files for name, f in found.items()}
     results = download.fetch_all(jobs, lock_dir=data_dir) if jobs else []
     for name, task in cfg.tasks.items():
-        if LAYOUTS[task.pde].multi_file:  # the files of every split are of one dataset, or nothing is cached
+        if task.pde == "well":  # the files of every split are of one dataset, or nothing is cached
             check_splits_agree({split: found[name].files.paths(split) for split in SPLITS})
     fetched = {result.dest: (store, result) for (store, _, _), result in zip(jobs, results, strict=True)}
     return {name: _with_provenance(f, cfg.tasks[name], fetched) for name, f in found.items()}

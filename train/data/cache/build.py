@@ -32,10 +32,10 @@ from train.data.cache.cached_array import CachedArray, Field
 from train.data.cache.in_place import ChannelStats, Placed, file_identity
 from train.data.cache.running_stats import RunningStats
 from train.data.checksum import ALGORITHM, ChecksumMemo
-from train.data.formats import open_reader
+from train.data.formats import format_of, open_reader
 from train.data.formats.well_stats import published_moments
 from train.data.node_lock import node_lock
-from train.data.splits import SPLITS, split_ranges
+from train.data.splits import SPLITS
 from train.disk import disk_full_error, reserve
 from train.errors import DataError, StopRequested
 from train.pdes import LAYOUTS
@@ -345,15 +345,9 @@ def write_window_index(info: CacheInfo, initial_step: int, horizon: int = 1, str
 
 def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bool]]:
     """Each split's reader and sample range; splits without files of their own are carved from train."""
-    layout = LAYOUTS[task.pde]
     train = open_reader(files.paths("train"), task)
     carve_test, carve_val = files.test is None, files.val is None
-    ranges = split_ranges(
-        train.n_samples,
-        task.test_fraction if carve_test else 0.0,
-        task.val_fraction if carve_val else 0.0,
-        layout.test_first,
-    )
+    ranges = format_of(task.pde).ranges(task, train.n_samples, carve_val, carve_test)
     plan = {"train": (train, ranges["train"], False)}
     for split, carve in (("val", carve_val), ("test", carve_test)):
         if carve:
@@ -371,7 +365,7 @@ def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bo
                     f"{reader.path}: {key} {theirs.get(key)}, but {ours.get(key)} in the train file {train.path}; "
                     "the splits must come from one dataset"
                 )
-            plan[split] = (reader, range(reader.n_samples), False)
+            plan[split] = (reader, format_of(task.pde).own_range(task, split, reader.n_samples), False)
     return plan
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from train.config import TaskConfig
 from train.data.cache.cached_array import Field
 from train.data.cache.running_stats import RunningStats
+from train.data.formats import format_of
 from train.errors import DataError, StopRequested
 from train.pdes import LAYOUTS
 
@@ -48,7 +49,8 @@ def locate(path: Path, keys: tuple[str, ...], task: TaskConfig) -> tuple[Field, 
     from plain storage; None when the cache must copy (another layout, a stride, chunks, compression, a dtype
     other than little-endian float32)."""
     layout = LAYOUTS[task.pde]
-    if layout.style != "single" or task.spatial_stride != 1 or (layout.autoregressive and task.temporal_stride != 1):
+    whole = task.spatial_stride == 1 and (not layout.autoregressive or task.temporal_stride == 1)
+    if not format_of(task.pde).in_place or not whole:
         return None
     fields = []
     with h5py.File(path, "r") as f:

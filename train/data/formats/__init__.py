@@ -1,30 +1,35 @@
-"""The reader seam: one interface for every HDF5 layout, chosen from a table by the family's storage style.
+"""The Format table: one row per storage style (``pdes.Layout.style``), everything the pipeline asks of a format.
 
-A reader covers one split: PDEBench's styles read one file, The Well's a folder of files. The cache stage sees
-only this interface:
+A row says how to find a split's files in a store (:attr:`Format.locate`), how to open them (a reader, below),
+which samples of a file each split takes and how a missing split is carved from the train file, whether a
+source can be mapped in place, how many channels to assume before a file is read (the doctor's capacity
+plan), which metrics evaluation reports, whether ``predict`` writes predictions back in the format (or what to
+use instead), and its docs page. The data stage, the cache, the doctor, evaluation, the report and predict
+ask this table; adding a format touches its own module, its row here and its docs page (docs/layout.md).
+
+A reader covers one split's files. The cache stage sees only this interface:
 
 - ``n_samples``, ``grid``, ``n_frames``: how many trajectories (or steady pairs), their strided grid and frames;
 - ``parts(samples)``: blocks of samples as ``{part: float32 array}``, channels last; "" holds trajectories
   (n, t, *grid, c), "x"/"y" steady inputs/targets, "const" per-trajectory constant channels (n, *grid, c);
-- ``std_floor``: None (PDEBench: a constant channel keeps its scale) or the floor on a normalising std (The Well);
+- ``std_floor``: None (a constant channel keeps its scale) or the floor on a normalising std (The Well);
 - ``coordinates()``, ``describe()`` (what the cache manifest records beyond its arrays), ``close()``.
-
-Adding a layout touches this table and its own module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from train.config import TaskConfig
-from train.data.formats.pdebench import GroupReader, SingleFileReader
-from train.data.formats.well import WellReader
+from train.data.formats import fno_mat, neuralop_pt, pdearena, pdebench, well
+from train.data.splits import split_ranges
 from train.errors import DataError
-from train.pdes import LAYOUTS
+from train.pdes import LAYOUTS, Layout
 
 
 class Reader(Protocol):
@@ -47,24 +52,146 @@ class Reader(Protocol):
     def close(self) -> None: ...
 
 
-def _one_file(cls) -> Callable[[list[Path], TaskConfig], Reader]:
-    def open_(paths: list[Path], task: TaskConfig) -> Reader:
-        if len(paths) != 1:
-            raise DataError(f"a {task.pde} split is one file, got {len(paths)}: {[str(p) for p in paths]}")
-        return cls(paths[0], task.pde, task.spatial_stride, task.temporal_stride)
-
-    return open_
+Locate = Callable[["object", str, TaskConfig, str], list[str]]
+"""(store, task name, task, split) -> the split's file names in the store, relative to its root; [] if none."""
 
 
-READERS: dict[str, Callable[[list[Path], TaskConfig], Reader]] = {
-    "single": _one_file(SingleFileReader),
-    "groups": _one_file(GroupReader),
-    "well": lambda paths, task: WellReader(paths, task.spatial_stride),
-}
-"""Storage style (``pdes.Layout.style``) -> the reader of one split's files."""
+@dataclass(frozen=True)
+class Format:
+    """What the pipeline needs to know of one storage style (the fields are its questions)."""
+
+    open: Callable[[list[Path], TaskConfig], Reader]
+    """One split's local files -> their reader."""
+    locate: Locate
+    """Where a split's files are in a folder, bucket or server (``source``)."""
+    looks_for: Callable[[str, TaskConfig, str], str | None]
+    """(task name, task, split) -> what ``locate`` looks for, in words, for messages; None where the format's
+    convention has no file of that split (carving it is then no cause for a warning)."""
+    carving: str
+    """How a split missing from the source is carved from the train file, for the log and the provenance."""
+    ranges: Callable[[TaskConfig, int, bool, bool], dict[str, range]]
+    """(task, samples in the train file, carve val, carve test) -> each split's samples of the train file."""
+    own_range: Callable[[TaskConfig, str, int], range] = lambda task, split, n: range(n)
+    """(task, split, samples in the split's own file) -> the samples of it the split takes."""
+    many_files: bool = False
+    """A split may be several files (read in sorted order); downloads keep the files' own names."""
+    keeps_names: bool = True
+    """A downloaded file keeps its relative name under data/<task>/ (False: PDEBench's ``<split>.h5``)."""
+    in_place: bool = False
+    """Plain float32 sources can be mapped in place instead of copied into the cache (train.data.cache.in_place)."""
+    metrics: tuple[str, ...] = ("pdebench",)
+    """The metric families evaluation reports: "pdebench" (PDEBench's metrics and the relative L2,
+    train.engine.metrics) for every format, "well" (The Well's VRMSE, windowed and rolled out) for its datasets."""
+    predicts: str | None = None
+    """None: ``predict`` writes predictions in this format; else why not and what to use instead."""
+    docs: str = "docs/data-formats.md"
+
+
+def channels(layout: Layout) -> tuple[int, int]:
+    """Input and output channels as far as the registry tells before a file is read (The Well: assumed 4)."""
+    if layout.style == "well":
+        return 4, 4
+    if layout.style == "groups":
+        return layout.channels or 1, layout.channels or 1
+    return len(layout.inputs), len(layout.targets)
+
+
+def _pdebench_ranges(test_first: bool):
+    def ranges(task: TaskConfig, n: int, carve_val: bool, carve_test: bool) -> dict[str, range]:
+        return split_ranges(n, task.test_fraction if carve_test else 0.0, task.val_fraction if carve_val else 0.0,
+                            test_first)  # fmt: skip
+
+    return ranges
+
+
+def counted_ranges(task: TaskConfig, n: int, carve_val: bool, carve_test: bool) -> dict[str, range]:
+    """The neural-operator convention (the FNO paper's scripts): train is the file's first ``files.n_train``
+    samples, a carved test split its last ``files.n_test``. A carved val split (``val_fraction`` of the training
+    count) takes the samples the reference leaves unused between them, as many as there are up to that count,
+    so the published training set stays whole; only where none is unused does it come off train's end."""
+    files = task.files
+    n_test = (files.n_test or max(1, round(n * task.test_fraction))) if carve_test else 0
+    available = n - n_test
+    n_train = min(files.n_train or available, available)
+    n_val = round(n_train * task.val_fraction) if carve_val else 0
+    if available > n_train:
+        n_val = min(n_val, available - n_train)
+    else:
+        n_train -= n_val
+    if n_train < 1:
+        raise DataError(f"{n} samples are too few for test={n_test}, val={n_val} and a training set; lower "
+                        f"tasks.<name>.files.n_test or val_fraction")  # fmt: skip
+    return {"train": range(0, n_train), "val": range(n_train, n_train + n_val), "test": range(n - n_test, n)}
+
+
+def _first_n(task: TaskConfig, split: str, n: int) -> range:
+    """A split from its own file: the first ``files.n_test`` (test) or ``files.n_train`` (train) samples."""
+    count = task.files.n_test if split == "test" else task.files.n_train if split == "train" else None
+    return range(min(count or n, n))
+
+
+def _any_name(locate: Callable[[object, TaskConfig, str], list[str]]) -> Locate:
+    """A ``locate`` that does not need the task's name."""
+    return lambda store, name, task, split: locate(store, task, split)
+
+
+def _named(split_file: Callable[[TaskConfig, str], str | None]) -> Callable[[str, TaskConfig, str], str | None]:
+    return lambda name, task, split: split_file(task, split)
+
+
+def _neuralop_file(task: TaskConfig, split: str) -> str | None:
+    named = {"train": task.files.train_file, "test": task.files.test_file}
+    default = f"{neuralop_pt.NAMES[task.pde]}_{split}_{task.files.resolution}.pt" if split != "val" else None
+    return named.get(split) or default
+
+
+_OPERATOR = dict(ranges=counted_ranges, own_range=_first_n,
+                 carving="the neural-operator convention: train the first files.n_train samples, test the last "
+                         "files.n_test, val the unused ones between them (else train's last)")  # fmt: skip
+_NO_PREDICT = "predict writes PDEBench's HDF5 layouts; use the Python API (Surrogate.predict / Surrogate.rollout)"
+
+FORMATS: dict[str, Format] = {
+    "single": Format(
+        open=pdebench.open_single, locate=pdebench.locate, looks_for=pdebench.looks_for,
+        carving="PDEBench's single-file convention: test, val, train in sample order",
+        ranges=_pdebench_ranges(True), keeps_names=False, in_place=True, docs="docs/data-formats.md",
+    ),
+    "groups": Format(
+        open=pdebench.open_groups, locate=pdebench.locate, looks_for=pdebench.looks_for,
+        carving="PDEBench's group-per-seed convention: train, val, test in sorted group order",
+        ranges=_pdebench_ranges(False), keeps_names=False, docs="docs/data-formats.md",
+    ),
+    "well": Format(
+        open=lambda paths, task: well.WellReader(paths, task.spatial_stride), locate=well.locate,
+        looks_for=well.looks_for, carving="the train files' last trajectories", ranges=_pdebench_ranges(False),
+        many_files=True, metrics=("pdebench", "well"), docs="docs/well.md",
+        predicts="predict writes PDEBench's HDF5 layouts; use the Python API (Surrogate.rollout) on a Well dataset",
+    ),
+    "fno_mat": Format(
+        open=fno_mat.open_fno_mat, locate=_any_name(fno_mat.locate_fno_mat),
+        looks_for=_named(lambda task, split: {"train": task.files.train_file, "test": task.files.test_file}.get(split)),
+        predicts=_NO_PREDICT, docs="docs/fno-mat.md", **_OPERATOR,
+    ),
+    "neuralop_pt": Format(
+        open=neuralop_pt.open_neuralop_pt,
+        locate=_any_name(neuralop_pt.locate_neuralop_pt),
+        looks_for=_named(_neuralop_file), predicts=_NO_PREDICT, docs="docs/neuralop-pt.md", **_OPERATOR,
+    ),
+    "pdearena": Format(
+        open=pdearena.open_pdearena, locate=_any_name(pdearena.locate_pdearena),
+        looks_for=_named(lambda task, split: f"*{pdearena.SPLIT_WORDS[split]}*.h5"), many_files=True,
+        predicts=_NO_PREDICT, docs="docs/pdearena.md", **_OPERATOR,
+    ),
+}  # fmt: skip
+"""Storage style (``pdes.Layout.style``) -> its Format."""
+
+
+def format_of(pde: str) -> Format:
+    """The Format of an equation family."""
+    return FORMATS[LAYOUTS[pde].style]
 
 
 def open_reader(paths: Path | list[Path], task: TaskConfig) -> Reader:
     """The reader of one split's files for the task's family."""
     paths = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
-    return READERS[LAYOUTS[task.pde].style](paths, task)
+    return format_of(task.pde).open(paths, task)

@@ -274,6 +274,37 @@ def pdebench_reader(path: str | Path, pde: str, spatial_stride: int = 1, tempora
     return cls(path, pde, spatial_stride, temporal_stride)
 
 
+def _one_file(cls):
+    def open_(paths: list[Path], task) -> Reader:
+        if len(paths) != 1:
+            raise DataError(f"a {task.pde} split is one file, got {len(paths)}: {[str(p) for p in paths]}")
+        return cls(paths[0], task.pde, task.spatial_stride, task.temporal_stride)
+
+    return open_
+
+
+open_single = _one_file(SingleFileReader)
+open_groups = _one_file(GroupReader)
+
+SPLIT_NAMES = {"train": "Train", "val": "Valid", "test": "Test"}
+"""Our split names -> PDEBench's, the {Split} of a template."""
+
+
+def candidates(name: str, task, split: str) -> list[str]:
+    """A split's file names under a folder or bucket, from the task's templates, in the order they are tried (the
+    store refuses a name that climbs out of it)."""
+    return [t.format(task=name, split=split, Split=SPLIT_NAMES[split]) for t in task.templates]
+
+
+def locate(store, name: str, task, split: str) -> list[str]:
+    """The first of the task's templates that names a file in the store, or []."""
+    return next(([rel] for rel in candidates(name, task, split) if store.stat(rel) is not None), [])
+
+
+def looks_for(name: str, task, split: str) -> str:
+    return ", ".join(candidates(name, task, split))
+
+
 def open_hdf5(path: Path) -> h5py.File:
     if not path.is_file():
         raise DataError(f"data file '{path}' not found")

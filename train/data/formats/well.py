@@ -30,6 +30,20 @@ STD_FLOOR = 1e-4
 """The Well's floor on a normalising standard deviation (its ZScoreNormalization's min_denom)."""
 
 
+FOLDERS = {"train": "train", "val": "valid", "test": "test"}
+"""Our split names -> The Well's folders under ``<dataset>/data/``."""
+HDF5_SUFFIXES = (".h5", ".hdf5")
+
+
+def locate(store, name: str, task, split: str) -> list[str]:
+    """Every .hdf5/.h5 file of the split's folder, ``data/<train|valid|test>/``."""
+    return [n for n in store.list(f"data/{FOLDERS[split]}") if n.lower().endswith(HDF5_SUFFIXES)]
+
+
+def looks_for(name: str, task, split: str) -> str:
+    return f"data/{FOLDERS[split]}/*.hdf5"
+
+
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

@@ -99,7 +99,7 @@ class B2Store:
         from b2sdk.v2.exception import B2Error
 
         bucket = self._get_bucket()
-        key = self._key(folder).rstrip("/") + "/"
+        key = self._key(folder).rstrip("/") + "/" if folder else (f"{self.prefix}/" if self.prefix else "")
         try:
             names = [v.file_name for v, _ in bucket.ls(key, recursive=False) if v is not None]
         except B2Error as e:

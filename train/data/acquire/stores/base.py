@@ -29,7 +29,7 @@ class Store(Protocol):
     def stat(self, name: str) -> RemoteFile | None: ...
 
     def list(self, folder: str) -> list[str]:
-        """Names of the files directly in ``folder`` (relative to the store's root), sorted."""
+        """Names of the files directly in ``folder`` (relative to the store's root; "" is the root), sorted."""
 
     def download(self, name: str, dest: Path, progress: Progress | None = None) -> str | None:
         """Write the file's bytes to ``dest``; return the SHA1 of the source as read, where computed."""
@@ -57,3 +57,8 @@ def check_name(name: str) -> str:
         raise DataError(f"refusing remote file name {name!r}: it must be a relative '/'-separated path "
                         "without '..', '.', empty parts or backslashes")  # fmt: skip
     return name
+
+
+def join(folder: str, name: str) -> str:
+    """``folder/name``, or ``name`` in the store's root (folder "")."""
+    return f"{folder}/{name}" if folder else name

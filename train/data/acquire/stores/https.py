@@ -23,7 +23,7 @@ from pathlib import Path
 
 import requests
 
-from train.data.acquire.stores.base import CHUNK, UNREACHABLE, Progress, RemoteFile, Transient, check_name
+from train.data.acquire.stores.base import CHUNK, UNREACHABLE, Progress, RemoteFile, Transient, check_name, join
 from train.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class HttpsStore:
 
     def list(self, folder: str) -> list[str]:
         """File names under ``folder`` that its index page links to; [] when the folder does not exist."""
-        url = self._url(folder) + "/"
+        url = (self._url(folder) if folder else self.url) + "/"
         response = self._get(url)
         if response.status_code == 404:
             return []
@@ -101,7 +101,7 @@ class HttpsStore:
             name = urllib.parse.unquote(target.path).removeprefix(base.path)
             # Only files directly in the folder: not its parent, sort links ("?C=M"), other hosts or subfolders.
             if target.netloc == base.netloc and target.path.startswith(base.path) and name and "/" not in name:
-                names.add(f"{folder}/{name}")
+                names.add(join(folder, name))
         return sorted(names)
 
     def download(self, name: str, dest: Path, progress: Progress | None = None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from train.data.acquire.stores.base import CHUNK, Progress, RemoteFile, check_name
+from train.data.acquire.stores.base import CHUNK, Progress, RemoteFile, check_name, join
 from train.disk import looks_full
 from train.errors import DataError
 
@@ -26,9 +26,9 @@ class LocalStore:
         return RemoteFile(name, st.st_size, None, str(st.st_mtime_ns))
 
     def list(self, folder: str) -> list[str]:
-        """Names (relative to the root) of the files directly in ``folder``; [] when it does not exist."""
-        path = self.path(folder)
-        return sorted(f"{folder}/{p.name}" for p in path.iterdir() if p.is_file()) if path.is_dir() else []
+        """Names (relative to the root) of the files directly in ``folder`` ("" the root); [] when it does not exist."""
+        path = self.path(folder) if folder else self.root
+        return sorted(join(folder, p.name) for p in path.iterdir() if p.is_file()) if path.is_dir() else []
 
     def download(self, name: str, dest: Path, progress: Progress | None = None) -> str:
         h = hashlib.sha1()

@@ -1,0 +1,291 @@
+"""neuraloperator's ``.pt`` files (docs/neuralop-pt.md): plain ``torch.save`` dicts of tensors, one per split.
+
+A file ``{name}_{train|test}_{resolution}.pt`` holds ``x`` (N, *space) and ``y`` (N, *space') without a channel
+axis. Darcy (``darcy``) and Navier-Stokes (``nsforcing``) are steady pairs x -> y on an r x r grid (Darcy's x is
+bool); Burgers (``burgers``) keeps a whole trajectory in ``y`` (N, t, x), whose first frame is ``x``.
+
+Files are loaded with ``torch.load(weights_only=True)`` only: a file holding pickled code is refused before any
+of it runs, never executed. Zip-format files are memory-mapped, so a block of samples reads only its own pages;
+the legacy (pre-1.6) format cannot be mapped and is read whole.
+"""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import pickle
+import tarfile
+import zipfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import torch
+
+from train.atomic import atomic_path
+from train.config import TaskConfig
+from train.errors import DataError
+from train.pdes import LAYOUTS
+
+NAMES = {"neuralop_darcy": "darcy", "neuralop_burgers": "burgers", "neuralop_ns": "nsforcing"}
+"""Family -> neuraloperator's dataset name, the {name} of its file names."""
+
+CHANNELS = {"neuralop_darcy": ["a"], "neuralop_burgers": ["u"], "neuralop_ns": ["w"]}
+"""The one input channel of each family: Darcy's coefficient, Burgers' velocity, the vorticity."""
+
+READ_BLOCK_BYTES = 64 << 20
+
+RESAVE = (
+    "re-save it as plain tensors where you trust its source: d = torch.load(path, weights_only=False); "
+    "torch.save({'x': d['x'], 'y': d['y']}, path)"
+)
+
+
+def load_pt(path: Path) -> dict[str, torch.Tensor]:
+    """The file's dict, loaded as tensors only (memory-mapped where the format allows); DataError otherwise."""
+    if not path.is_file():
+        raise DataError(f"data file '{path}' not found")
+    try:
+        # Only the zip format can be mapped; the legacy format raises on mmap=True.
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except pickle.UnpicklingError as e:
+        detail = " ".join(line.strip() for line in str(e).splitlines() if "Unsupported global" in line)
+        if not detail:  # garbage bytes parse as unknown pickle opcodes: a damaged file, not a refused one
+            raise DataError(
+                f"{path}: not a readable torch.save file (not a pickle of tensors); the file is truncated or of "
+                "another format: download or write it again"
+            ) from None
+        raise DataError(
+            f"{path}: refused, never executed: loading it needs objects other than tensors (pickled code: "
+            f"{detail}); {RESAVE}. If the file is damaged instead, download it again"
+        ) from None
+    except Exception as e:  # torch reports a damaged file as RuntimeError, EOFError, KeyError, struct.error, ...
+        raise DataError(
+            f"{path}: not a readable torch.save file ({type(e).__name__}: {str(e)[:200]}); the file is truncated "
+            "or of another format: download or write it again"
+        ) from None
+    if not isinstance(data, dict):
+        raise DataError(
+            f"{path}: holds a {type(data).__name__}, not a dict; neuraloperator's files are "
+            "torch.save({'x': tensor, 'y': tensor}): save the tensors in such a dict"
+        )
+    return data
+
+
+def _tensor(path: Path, data: dict, key: str, pde: str) -> torch.Tensor:
+    if key not in data:
+        raise DataError(
+            f"{path}: key '{key}' not found (keys: {sorted(map(str, data))}); a {pde} file holds "
+            f"{sorted(set(LAYOUTS[pde].inputs + LAYOUTS[pde].targets))}: save them under these names"
+        )
+    value = data[key]
+    if not isinstance(value, torch.Tensor):
+        raise DataError(f"{path}: '{key}' is a {type(value).__name__}, not a tensor; save it as a torch.Tensor")
+    bool_ok = pde == "neuralop_darcy" and key == "x"
+    if not (value.is_floating_point() or (bool_ok and value.dtype == torch.bool)):
+        allowed = "bool or floating-point" if bool_ok else "floating-point"
+        raise DataError(f"{path}: '{key}' has dtype {value.dtype}; a {pde} '{key}' must be {allowed}")
+    return value
+
+
+class NeuralopPtReader:
+    """Validated, strided access to one neuraloperator ``.pt`` file (the reader seam of train.data.formats)."""
+
+    std_floor = None
+
+    def __init__(self, path: Path, pde: str, spatial_stride: int = 1, temporal_stride: int = 1):
+        if pde not in NAMES:
+            raise ValueError(f"pde must be one of {sorted(NAMES)}, got {pde!r}")
+        self.path = Path(path)
+        self.pde = pde
+        self.layout = LAYOUTS[pde]
+        self.spatial_stride = spatial_stride
+        self.temporal_stride = temporal_stride if self.layout.autoregressive else 1
+        self._data: dict[str, torch.Tensor] | None = None
+        self._check()
+
+    # Mapped tensors cannot cross fork() as pickles: load on first use, in whichever process uses them.
+    @property
+    def data(self) -> dict[str, torch.Tensor]:
+        """The file's tensors, loaded on first use."""
+        if self._data is None:
+            self._data = load_pt(self.path)
+        return self._data
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_data": None}
+
+    def close(self) -> None:
+        """Drop the tensors (and with them the file's mapping)."""
+        self._data = None
+
+    def _check(self) -> None:
+        d = self.layout.spatial_dims
+        if self.layout.autoregressive:
+            y = _tensor(self.path, self.data, "y", self.pde)
+            if y.ndim != 2 + d:
+                raise DataError(
+                    f"{self.path}: 'y' has shape {tuple(y.shape)}; a {self.pde} 'y' is (sample, t, x), "
+                    "the whole trajectory: write it with these axes"
+                )
+            x = self.data.get("x")
+            # x repeats y's first frame and is not read, but a count that disagrees marks a mixed-up file.
+            if isinstance(x, torch.Tensor) and x.ndim >= 1 and x.shape[0] != y.shape[0]:
+                raise DataError(
+                    f"{self.path}: 'x' holds {x.shape[0]} samples but 'y' {y.shape[0]}; write both from one set"
+                )
+            self.raw_shape = tuple(y.shape[1:])
+        else:
+            x = _tensor(self.path, self.data, "x", self.pde)
+            y = _tensor(self.path, self.data, "y", self.pde)
+            for key, value in (("x", x), ("y", y)):
+                if value.ndim != 1 + d:
+                    raise DataError(
+                        f"{self.path}: '{key}' has shape {tuple(value.shape)}; a {self.pde} '{key}' is "
+                        f"(sample, {', '.join('xyz'[:d])}) with no channel axis: write it with these axes"
+                    )
+            if x.shape[0] != y.shape[0]:
+                raise DataError(
+                    f"{self.path}: 'x' holds {x.shape[0]} samples but 'y' {y.shape[0]}; write both from one set"
+                )
+            if x.shape[1:] != y.shape[1:]:
+                raise DataError(
+                    f"{self.path}: 'x' grid {tuple(x.shape[1:])} differs from 'y' grid {tuple(y.shape[1:])}; "
+                    "inputs and targets must share one grid"
+                )
+            self.raw_shape = (1, *x.shape[1:])
+        self.n_samples = int(y.shape[0])
+        if self.n_samples == 0:
+            raise DataError(f"{self.path}: 'y' holds no samples; write the file again")
+        space = self.raw_shape[1:]
+        if any(n < self.spatial_stride for n in space):
+            raise DataError(f"{self.path}: spatial stride {self.spatial_stride} exceeds the grid {space}")
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """Spatial grid after striding."""
+        return tuple(len(range(0, n, self.spatial_stride)) for n in self.raw_shape[1:])
+
+    @property
+    def n_frames(self) -> int:
+        """Recorded frames of a trajectory after the temporal stride; 1 for steady pairs."""
+        return len(range(0, self.raw_shape[0], self.temporal_stride))
+
+    def coordinates(self) -> dict[str, list[float]]:
+        """None: the files hold fields only."""
+        return {}
+
+    def describe(self) -> dict:
+        """The cache manifest's channel name."""
+        return {"channels": list(CHANNELS[self.pde])}
+
+    def block_size(self) -> int:
+        """Samples per block read: about READ_BLOCK_BYTES of float32 output."""
+        per_sample = 4 * int(np.prod(self.raw_shape)) * (1 if self.layout.autoregressive else 2)
+        return max(1, READ_BLOCK_BYTES // per_sample)
+
+    def _read(self, key: str, start: int, stop: int) -> np.ndarray:
+        index = [slice(start, stop)]
+        if self.layout.autoregressive:
+            index.append(slice(None, None, self.temporal_stride))
+        index += [slice(None, None, self.spatial_stride)] * self.layout.spatial_dims
+        view = self.data[key][tuple(index)]  # strided views of a mapped file read only what they touch
+        # Always a copy: a view of the mapping must not be written by normalisation in place.
+        out = np.array(view.numpy(), dtype=np.float32, order="C", copy=True)[..., None]
+        if not np.isfinite(out).all():
+            bad = start + int(np.argwhere(~np.isfinite(out))[0][0])
+            raise DataError(f"{self.path}: non-finite values (NaN/Inf) in '{key}' at sample {bad}")
+        return out
+
+    def parts(self, samples: range) -> Iterator[dict[str, np.ndarray]]:
+        """Blocks of consecutive samples: {"": (n, t, x, 1)} for Burgers, {"x", "y": (n, *grid, 1)} otherwise."""
+        if samples.step != 1 or samples.start < 0 or samples.stop > self.n_samples:
+            raise ValueError(f"{self.path}: samples {samples} outside 0..{self.n_samples} or not consecutive")
+        step = self.block_size()
+        for start in range(samples.start, samples.stop, step):
+            stop = min(start + step, samples.stop)
+            if self.layout.autoregressive:
+                yield {"": self._read("y", start, stop)}
+            else:
+                yield {"x": self._read("x", start, stop), "y": self._read("y", start, stop)}
+
+
+def open_neuralop_pt(paths: list[Path], task: TaskConfig) -> NeuralopPtReader:
+    """The reader of one split's file for a neuralop_* task."""
+    if len(paths) != 1:
+        raise DataError(f"a {task.pde} split is one .pt file, got {len(paths)}: {[str(p) for p in paths]}")
+    return NeuralopPtReader(Path(paths[0]), task.pde, task.spatial_stride, task.temporal_stride)
+
+
+def split_filename(task: TaskConfig, split: str) -> str:
+    """The file name of a split: the task's ``files.train_file``/``test_file``, else neuraloperator's name."""
+    files = task.files
+    resolution = (files.resolution if files else None) or LAYOUTS[task.pde].reference["resolution"]
+    chosen = (files.train_file if split == "train" else files.test_file) if files else None
+    return chosen or f"{NAMES[task.pde]}_{split}_{resolution}.pt"
+
+
+def locate_neuralop_pt(store, task: TaskConfig, split: str) -> list[str]:
+    """The store's file of a split ("train", "test"; [] for "val", which neuraloperator does not ship), or []."""
+    if split not in ("train", "test"):
+        return []
+    name = split_filename(task, split)
+    return [name] if store.stat(name) is not None else []
+
+
+def _check_member(archive: Path, member: tarfile.TarInfo) -> None:
+    parts = PurePosixPath(member.name).parts
+    if member.name.startswith("/") or ".." in parts or "\\" in member.name:
+        raise DataError(
+            f"{archive}: refusing member '{member.name}': an absolute name or '..' would write outside the "
+            "destination folder; use the archive as published or extract its .pt files yourself"
+        )
+    if member.issym() or member.islnk():
+        raise DataError(
+            f"{archive}: refusing member '{member.name}': a link (to '{member.linkname}'); the published archives "
+            "hold regular .pt files only: use the archive as published"
+        )
+    if not (member.isfile() or member.isdir()):
+        raise DataError(
+            f"{archive}: refusing member '{member.name}': not a regular file or folder; use the archive as published"
+        )
+
+
+def unpack_archive(archive: Path, dest: Path) -> list[Path]:
+    """Extract the regular ``.pt`` members of a ``{name}_{res}.tgz`` archive under ``dest``; the extracted paths.
+
+    Every member is checked before anything is written, and each file appears under its final name only
+    once complete.
+    """
+    archive, dest = Path(archive), Path(dest)
+    if not archive.is_file():
+        raise DataError(f"archive '{archive}' not found")
+    out = []
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            # The whole listing first (one pass over the stream): a refused member stops the archive before
+            # any of its files is written.
+            members = tar.getmembers()
+            for member in members:
+                _check_member(archive, member)
+            for member in members:
+                if not (member.isfile() and member.name.endswith(".pt")):
+                    continue
+                final = dest / member.name
+                source = tar.extractfile(member)
+                with atomic_path(final, needed=member.size) as tmp, open(tmp, "wb") as f:
+                    while chunk := source.read(1 << 20):
+                        f.write(chunk)
+                out.append(final)
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError) as e:
+        raise DataError(f"{archive}: not a readable tar archive ({type(e).__name__}: {e}); download it again") from None
+    return out
+
+
+def write_pt(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
+    """``torch.save`` the tensors at ``path``, appearing only once complete."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        torch.save(tensors, tmp)
+    return path
