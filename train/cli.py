@@ -40,8 +40,8 @@ SWEEP_HELP = (
     "each trial an ordinary run under runs/<sweep>/; re-running continues the search"
 )
 USING_COMMANDS = {
-    "predict": "a trained model's predictions on an HDF5 file (rollouts from its initial frames), written in the "
-    "same layout and scored when the file holds the true frames",
+    "predict": "a trained model's predictions on a data file (rollouts from its initial frames), written in the "
+    "same format and layout and scored when the file holds the true frames",
     "export": "write a trained model as a file that runs without this package (ONNX or TorchScript), one per task",
 }
 
@@ -136,7 +136,7 @@ def _using_commands(sub) -> None:
         c.add_argument("--output", "-o", help="the file to write" + (" (required)" if name == "predict" else ""))
         c.add_argument("--factory", help="where a model of your own lives now (file.py:function), if it moved")
         if name == "predict":
-            c.add_argument("--input", "-i", required=True, help="an HDF5 file in a layout the task reads")
+            c.add_argument("--input", "-i", required=True, help="a data file in a format the task reads (HDF5, .mat, .pt)")
             c.add_argument("--steps", type=_positive, help="frames to predict (default: to the input's last frame)")
             c.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
             c.add_argument("--batch-size", type=_positive, default=64, help="trajectories per forward (default 64)")

@@ -4,6 +4,7 @@ holds the samples each split takes."""
 
 from __future__ import annotations
 
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -105,13 +106,56 @@ def test_formats_are_found_and_downloaded_over_https_under_their_own_names(tmp_p
     assert origin["origin"] == "https" and len(origin["files"]) == 1
 
 
+def test_a_published_archive_is_downloaded_unpacked_once_and_read(tmp_path):
+    """neuraloperator's {name}_{res}.tgz in place of its .pt files, over HTTPS."""
+    made = generate_neuralop(tmp_path / "made", "neuralop_darcy", 12, 16, 0)
+    (tmp_path / "www").mkdir()
+    with tarfile.open(tmp_path / "www" / "darcy_16.tgz", "w:gz") as tar:
+        for path in made:
+            tar.add(path, arcname=path.name)
+    with FileServer(tmp_path / "www") as server:
+        _, files = _stage(tmp_path, {"darcy": {"pde": "neuralop_darcy", "source": server.url}})
+        unpacked = tmp_path / "data" / "darcy" / "darcy_16"
+        assert (files["darcy"].train, files["darcy"].test) == (unpacked / made[0].name, unpacked / made[1].name)
+        assert files["darcy"].test.read_bytes() == made[1].read_bytes()
+        _, again = _stage(tmp_path, {"darcy": {"pde": "neuralop_darcy", "source": server.url}})
+        assert again["darcy"].train == files["darcy"].train
+        assert server.requests["darcy_16.tgz"] == 1  # the second run found the download and the files
+
+
 def test_a_folder_without_the_train_file_names_what_was_looked_for(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match=r"burgers_data_R10\.mat.*docs/fno-mat\.md"):
+    with pytest.raises(DataError, match=r"(?s)burgers_data_R10\.mat.*docs/fno-mat\.md"):
         _stage(tmp_path, {"b": {"pde": "fno_burgers", "source": str(tmp_path / "empty")}})
 
 
-def test_predict_names_what_to_use_for_a_format_it_cannot_write():
-    for style in ("well", "fno_mat", "neuralop_pt", "pdearena"):
-        assert "Surrogate" in FORMATS[style].predicts
-    assert FORMATS["single"].predicts is None and FORMATS["groups"].predicts is None
+GENERATED = {
+    "fno_darcy": lambda folder: generate_fno(folder, "fno_darcy", 5, 9, 0)[1],  # MATLAB v5
+    "fno_ns": lambda folder: generate_fno(folder, "fno_ns", 4, 8, 0, n_frames=5)[0],  # MATLAB v7.3
+    "neuralop_darcy": lambda folder: generate_neuralop(folder, "neuralop_darcy", 5, 8, 0)[1],
+    "neuralop_burgers": lambda folder: generate_neuralop(folder, "neuralop_burgers", 5, 8, 0)[0],
+    "pdearena_ns": lambda folder: generate_pdearena(folder, 5, 8, 0, n_frames=4)[2],
+}
+
+
+@pytest.mark.parametrize("pde", sorted(GENERATED))
+def test_predictions_are_written_back_in_the_input_format(tmp_path, pde):
+    """What predict writes (Format.write_back) reads back through the format's own reader as what was given."""
+    source = GENERATED[pde](tmp_path / "in")
+    task = TaskConfig(pde=pde, initial_step=1, spatial_stride=1)
+    reader = open_reader(source, task)
+    (parts,) = list(reader.parts(range(reader.n_samples)))
+    inputs = parts.get("x", parts.get(""))
+    outputs = 2 * (parts["y"] if "y" in parts else parts[""])
+    out = tmp_path / f"pred{source.suffix}"
+    format_of(pde).write_back(out, reader, inputs, outputs)
+    (back,) = list(open_reader(out, task).parts(range(reader.n_samples)))
+    np.testing.assert_allclose(back["y"] if "y" in back else back[""], outputs, rtol=1e-6)
+    if "x" in back:
+        np.testing.assert_allclose(back["x"], inputs, rtol=1e-6)
+
+
+def test_predict_refuses_only_the_well_and_names_what_to_use():
+    assert [style for style, fmt in FORMATS.items() if fmt.predicts] == ["well"]
+    assert "Surrogate" in FORMATS["well"].predicts
+    assert all(fmt.write_back for style, fmt in FORMATS.items() if style not in ("single", "groups", "well"))

@@ -1,5 +1,7 @@
-"""``python -m train predict``: a trained model's predictions on an HDF5 file, written as an HDF5 file of the
-same layout, and scored with the report's metrics when the input holds the true frames.
+"""``python -m train predict``: a trained model's predictions on a data file, written as a file of the same
+format and layout (PDEBench's HDF5 block by block; the FNO paper's .mat, neuraloperator's .pt and PDEArena's
+HDF5 whole, by their Format's ``write_back``), and scored with the report's metrics when the input holds the
+true frames.
 
 The input is read as training read its data: the task's reader (train.data.formats) at the run's spatial and
 temporal strides. A time-dependent task is rolled out from each trajectory's first ``initial_step`` frames,
@@ -10,6 +12,7 @@ input field. The output is written under a temporary name and renamed when compl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Iterator
@@ -21,8 +24,9 @@ import torch
 from tqdm import tqdm
 
 from train.atomic import atomic_path, write_json_atomic
+from train.config import TaskConfig
 from train.data.formats import format_of
-from train.data.formats.pdebench import GroupReader, pdebench_reader
+from train.data.formats.pdebench import GroupReader
 from train.engine.metrics import error_sums, finish, nrmse_by_step
 from train.errors import ConfigError, DataError
 from train.pdes import LAYOUTS
@@ -36,11 +40,14 @@ COORDINATES = {"x": "x-coordinate", "y": "y-coordinate", "z": "z-coordinate", "t
 
 
 def _open(card: TaskCard, path: Path):
-    refusal = format_of(card.pde).predicts
-    if refusal is not None:
-        raise ConfigError(f"task {card.name} is {card.pde} data: {refusal}")
+    fmt = format_of(card.pde)
+    if fmt.predicts is not None:
+        raise ConfigError(f"task {card.name} is {card.pde} data: {fmt.predicts}")
     settings = card.settings
-    return pdebench_reader(path, card.pde, settings.get("spatial_stride", 1), settings.get("temporal_stride", 1))
+    task = TaskConfig(pde=card.pde, source=str(path), initial_step=card.spec.initial_step,
+                      spatial_stride=settings.get("spatial_stride", 1),
+                      temporal_stride=settings.get("temporal_stride", 1))  # fmt: skip
+    return fmt.open([Path(path)], task)
 
 
 def _check(card: TaskCard, reader, path: Path) -> None:
@@ -81,15 +88,31 @@ def choose_task(model: Surrogate, path: Path, task: str | None) -> tuple[TaskCar
 
 
 def _blocks(reader, n: int) -> Iterator[tuple[range, dict[str, np.ndarray]]]:
-    step = reader.block_size()
-    for start in range(0, n, step):
-        samples = range(start, min(n, start + step))
-        parts = list(reader.parts(samples))
-        yield samples, {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+    """The reader's blocks of all ``n`` samples, each with the samples it holds."""
+    start = 0
+    for parts in reader.parts(range(n)):
+        size = len(next(iter(parts.values())))
+        yield range(start, start + size), parts
+        start += size
+
+
+class _Collected:
+    """The predictions of a format whose files are written whole (train.data.formats: ``Format.write_back``):
+    gathered block by block, written in the input's format at the end, atomically."""
+
+    def __init__(self, write_back, reader):
+        self.write_back, self.reader, self.inputs, self.outputs = write_back, reader, [], []
+
+    def write(self, samples: range, inputs: np.ndarray, outputs: np.ndarray) -> None:
+        self.inputs.append(inputs)
+        self.outputs.append(outputs)
+
+    def finish(self, output: Path) -> None:
+        self.write_back(output, self.reader, np.concatenate(self.inputs), np.concatenate(self.outputs))
 
 
 class _Writer:
-    """The output file in the input's layout, filled block by block."""
+    """The output file in the input's layout (PDEBench's HDF5 styles), filled block by block."""
 
     def __init__(self, f: h5py.File, card: TaskCard, reader, n: int, frames: int):
         self.f, self.card, self.reader = f, card, reader
@@ -171,9 +194,16 @@ def predict_file(
         if steps is not None:
             raise ConfigError(f"--steps: task {card.name} is steady (no time axis); leave --steps out")
         truth, frames = 1, 1
-    sums = None
-    with atomic_path(output) as tmp, h5py.File(tmp, "w") as f:
-        writer = _Writer(f, card, reader, n, frames)
+    made = {"checkpoint": str(model.checkpoint), "task": card.name, "steps": steps or 0, "input": str(input_path)}
+    write_back = format_of(card.pde).write_back
+    with contextlib.ExitStack() as stack:
+        if write_back is None:  # PDEBench's HDF5 layouts, written block by block
+            f = stack.enter_context(h5py.File(stack.enter_context(atomic_path(output)), "w"))
+            writer = _Writer(f, card, reader, n, frames)
+            f.attrs["predicted_by"] = json.dumps(made)
+        else:
+            writer = _Collected(write_back, reader)
+        sums = None
         with tqdm(total=n, desc=f"predict {card.name}", unit="sample", disable=None) as bar:
             for samples, parts in _blocks(reader, n):
                 if card.spec.autoregressive:
@@ -189,13 +219,12 @@ def predict_file(
                     batch = error_sums(torch.from_numpy(guess), torch.from_numpy(true[..., : guess.shape[-1]]))
                     sums = batch if sums is None else sums + batch
                 bar.update(len(samples))
-        scores = None
-        if sums is not None:
-            scores = {**finish(sums), "nrmse_by_step": nrmse_by_step(sums), "n_samples": n, "frames_scored": truth}
-        made = {"checkpoint": str(model.checkpoint), "task": card.name, "steps": steps or 0, "input": str(input_path)}
-        f.attrs["predicted_by"] = json.dumps(made)
+        if write_back is not None:
+            writer.finish(output)
     reader.close()
-    if scores is not None:
+    scores = None
+    if sums is not None:
+        scores = {**finish(sums), "nrmse_by_step": nrmse_by_step(sums), "n_samples": n, "frames_scored": truth}
         write_json_atomic(scores_path(output), {card.name: scores})
     return scores
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from train.atomic import sweep_stale_temporaries
+from train.atomic import sweep_stale_temporaries, write_text_atomic
 from train.config import Config, TaskConfig
 from train.data.acquire import download, generate
 from train.data.acquire.generate_fno import generate_fno
@@ -249,6 +249,11 @@ def _search(name: str, task: TaskConfig, location: str, data_dir: Path, b2_api) 
             return earlier
     store = open_store(location, b2_api)
     remote = not is_local(location)
+    if fmt.archive is not None and not fmt.locate(store, name, task, "train"):
+        packed = fmt.archive(task)
+        if store.stat(packed) is not None:  # the published archive instead of the files: read what it holds
+            location = _unpacked(name, store, packed, remote, data_dir, fmt)
+            store, remote = open_store(location), False
     found: dict[str, Path | tuple[Path, ...] | None] = {}
     origins, warnings, jobs = {}, [], []
     for split in SPLITS:
@@ -256,15 +261,16 @@ def _search(name: str, task: TaskConfig, location: str, data_dir: Path, b2_api) 
         if not names:
             found[split] = None
             wanted = fmt.looks_for(name, task, split)
-            where = f"{store.url.rstrip('/')}: {wanted}"
+            tried = [f"{store.url.rstrip('/')}/{w}" for w in wanted or []]
             if split == "train":
-                raise DataError(f"tasks.{name}: no train file found in {where} (fix tasks.{name}.source, "
+                where = "\n    ".join(tried)
+                raise DataError(f"tasks.{name}: no train file found; tried:\n    {where}\n  (fix tasks.{name}.source, "
                                 f"tasks.{name}.templates or tasks.{name}.files; the layout: {fmt.docs})")  # fmt: skip
             if wanted is None:  # the format's convention: no file of this split, always carved
                 log.info("data %s: the %s split is carved from the train file by %s", name, split, fmt.carving)
             else:
-                _warn(warnings, f"data {name}: no {split} file in {where}; carving it from the train file by "
-                                f"{fmt.carving}")  # fmt: skip
+                _warn(warnings, f"data {name}: no {split} file (tried {', '.join(tried)}); carving it from the train "
+                                f"file by {fmt.carving}")  # fmt: skip
             continue
         if len(names) > 1 and not fmt.many_files:
             raise DataError(f"tasks.{name}: a {task.pde} {split} split is one file, found {names} in {store.url}")
@@ -287,6 +293,21 @@ def _search(name: str, task: TaskConfig, location: str, data_dir: Path, b2_api) 
              ", ".join(f"{s}: {len(SplitFiles(**found).paths(s))} file(s)" for s in SPLITS))  # fmt: skip
     files = SplitFiles(train=found["train"], val=found["val"], test=found["test"], stats_file=stats)
     return _Found(files, origins, warnings, jobs)
+
+
+def _unpacked(name: str, store: Store, packed: str, remote: bool, data_dir: Path, fmt) -> str:
+    """The folder under ``data/<task>/`` holding what a published archive holds (downloaded first when remote,
+    verified as any download); unpacked once, later runs find its files there."""
+    archive = data_dir / name / packed if remote else store.path(packed)
+    if remote:
+        download.fetch_all([(store, packed, archive)], lock_dir=data_dir)
+    folder = data_dir / name / Path(packed).name.partition(".")[0]
+    with node_lock(data_dir / name / ".unpack.lock", f"another process to finish unpacking {archive}"):
+        if not (folder / ".unpacked").is_file():
+            fmt.unpack(archive, folder)
+            write_text_atomic(folder / ".unpacked", f"{archive}\n")  # last: the folder is complete
+    log.info("data %s: %s unpacked into %s", name, archive, folder)
+    return str(folder)
 
 
 def _with_provenance(found: _Found, task: TaskConfig, fetched: dict[Path, tuple]) -> SplitFiles:

@@ -64,8 +64,8 @@ class Format:
     """One split's local files -> their reader."""
     locate: Locate
     """Where a split's files are in a folder, bucket or server (``source``)."""
-    looks_for: Callable[[str, TaskConfig, str], str | None]
-    """(task name, task, split) -> what ``locate`` looks for, in words, for messages; None where the format's
+    looks_for: Callable[[str, TaskConfig, str], list[str] | None]
+    """(task name, task, split) -> the names or patterns ``locate`` tries, for messages; None where the format's
     convention has no file of that split (carving it is then no cause for a warning)."""
     carving: str
     """How a split missing from the source is carved from the train file, for the log and the provenance."""
@@ -77,11 +77,19 @@ class Format:
     """A split may be several files (read in sorted order); downloads keep the files' own names."""
     keeps_names: bool = True
     """A downloaded file keeps its relative name under data/<task>/ (False: PDEBench's ``<split>.h5``)."""
+    archive: Callable[[TaskConfig], str] | None = None
+    """The published archive that holds the split files, where the format has one (neuraloperator's
+    ``{name}_{res}.tgz``): used when the files themselves are not in the source."""
+    unpack: Callable[[Path, Path], list[Path]] | None = None
+    """(archive, folder) -> the split files extracted into the folder, checked member by member."""
     in_place: bool = False
     """Plain float32 sources can be mapped in place instead of copied into the cache (train.data.cache.in_place)."""
     metrics: tuple[str, ...] = ("pdebench",)
     """The metric families evaluation reports: "pdebench" (PDEBench's metrics and the relative L2,
     train.engine.metrics) for every format, "well" (The Well's VRMSE, windowed and rolled out) for its datasets."""
+    write_back: Callable[[Path, Reader, np.ndarray, np.ndarray], None] | None = None
+    """(output, the input's reader, its inputs, the predictions: channels last, whole) -> ``predict``'s output
+    file in the input's format; None: predict's HDF5 writer of PDEBench's layouts (train.use.predict)."""
     predicts: str | None = None
     """None: ``predict`` writes predictions in this format; else why not and what to use instead."""
     docs: str = "docs/data-formats.md"
@@ -135,20 +143,14 @@ def _any_name(locate: Callable[[object, TaskConfig, str], list[str]]) -> Locate:
     return lambda store, name, task, split: locate(store, task, split)
 
 
-def _named(split_file: Callable[[TaskConfig, str], str | None]) -> Callable[[str, TaskConfig, str], str | None]:
-    return lambda name, task, split: split_file(task, split)
-
-
-def _neuralop_file(task: TaskConfig, split: str) -> str | None:
-    named = {"train": task.files.train_file, "test": task.files.test_file}
-    default = f"{neuralop_pt.NAMES[task.pde]}_{split}_{task.files.resolution}.pt" if split != "val" else None
-    return named.get(split) or default
+def _named(split_file: Callable[[TaskConfig, str], str | None]) -> Callable[[str, TaskConfig, str], list | None]:
+    """A ``looks_for`` from the one name (or pattern) a format gives each split, None where it has none."""
+    return lambda name, task, split: [file] if (file := split_file(task, split)) else None
 
 
 _OPERATOR = dict(ranges=counted_ranges, own_range=_first_n,
                  carving="the neural-operator convention: train the first files.n_train samples, test the last "
                          "files.n_test, val the unused ones between them (else train's last)")  # fmt: skip
-_NO_PREDICT = "predict writes PDEBench's HDF5 layouts; use the Python API (Surrogate.predict / Surrogate.rollout)"
 
 FORMATS: dict[str, Format] = {
     "single": Format(
@@ -165,22 +167,25 @@ FORMATS: dict[str, Format] = {
         open=lambda paths, task: well.WellReader(paths, task.spatial_stride), locate=well.locate,
         looks_for=well.looks_for, carving="the train files' last trajectories", ranges=_pdebench_ranges(False),
         many_files=True, metrics=("pdebench", "well"), docs="docs/well.md",
-        predicts="predict writes PDEBench's HDF5 layouts; use the Python API (Surrogate.rollout) on a Well dataset",
+        predicts="a Well split is a folder of files, predict writes one file; use the Python API (Surrogate.rollout)",
     ),
     "fno_mat": Format(
         open=fno_mat.open_fno_mat, locate=_any_name(fno_mat.locate_fno_mat),
         looks_for=_named(lambda task, split: {"train": task.files.train_file, "test": task.files.test_file}.get(split)),
-        predicts=_NO_PREDICT, docs="docs/fno-mat.md", **_OPERATOR,
+        write_back=fno_mat.write_predictions, docs="docs/fno-mat.md", **_OPERATOR,
     ),
     "neuralop_pt": Format(
         open=neuralop_pt.open_neuralop_pt,
         locate=_any_name(neuralop_pt.locate_neuralop_pt),
-        looks_for=_named(_neuralop_file), predicts=_NO_PREDICT, docs="docs/neuralop-pt.md", **_OPERATOR,
+        looks_for=_named(lambda task, split: neuralop_pt.split_filename(task, split) if split != "val" else None),
+        archive=lambda task: f"{neuralop_pt.NAMES[task.pde]}_{task.files.resolution}.tgz",
+        unpack=neuralop_pt.unpack_archive, write_back=neuralop_pt.write_predictions, docs="docs/neuralop-pt.md",
+        **_OPERATOR,
     ),
     "pdearena": Format(
         open=pdearena.open_pdearena, locate=_any_name(pdearena.locate_pdearena),
         looks_for=_named(lambda task, split: f"*{pdearena.SPLIT_WORDS[split]}*.h5"), many_files=True,
-        predicts=_NO_PREDICT, docs="docs/pdearena.md", **_OPERATOR,
+        write_back=pdearena.write_predictions, docs="docs/pdearena.md", **_OPERATOR,
     ),
 }  # fmt: skip
 """Storage style (``pdes.Layout.style``) -> its Format."""

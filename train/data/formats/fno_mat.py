@@ -306,3 +306,15 @@ def write_mat(path: Path, arrays: dict[str, np.ndarray], version: str = "5") -> 
             with open(tmp, "r+b") as f:  # h5py leaves the user block zeroed: MATLAB's header goes there
                 f.write(_v73_header())
     return path
+
+
+def write_predictions(path: Path, reader: FnoMatReader, inputs: np.ndarray, outputs: np.ndarray) -> None:
+    """Predictions in the input's own layout and container (v5 or v7.3), float32 (MATLAB single): a steady pair
+    as its input and target keys, (N, spatial...); a Navier-Stokes rollout as ``u`` (N, s, s, T), the initial
+    frames first. ``inputs``/``outputs`` are channels-last as the reader gives them."""
+    layout = reader.layout
+    if layout.autoregressive:
+        arrays = {layout.targets[0]: np.moveaxis(outputs[..., 0], 1, -1)}
+    else:
+        arrays = {layout.inputs[0]: inputs[..., 0], layout.targets[0]: outputs[..., 0]}
+    write_mat(path, arrays, reader.version)

@@ -25,6 +25,7 @@ import torch
 
 from train.atomic import atomic_path
 from train.config import TaskConfig
+from train.data.formats.pdebench import Strided
 from train.errors import DataError
 from train.pdes import LAYOUTS
 
@@ -89,7 +90,7 @@ def _tensor(path: Path, data: dict, key: str, pde: str) -> torch.Tensor:
     return value
 
 
-class NeuralopPtReader:
+class NeuralopPtReader(Strided):
     """Validated, strided access to one neuraloperator ``.pt`` file (the reader seam of train.data.formats)."""
 
     std_floor = None
@@ -161,16 +162,6 @@ class NeuralopPtReader:
         space = self.raw_shape[1:]
         if any(n < self.spatial_stride for n in space):
             raise DataError(f"{self.path}: spatial stride {self.spatial_stride} exceeds the grid {space}")
-
-    @property
-    def grid(self) -> tuple[int, ...]:
-        """Spatial grid after striding."""
-        return tuple(len(range(0, n, self.spatial_stride)) for n in self.raw_shape[1:])
-
-    @property
-    def n_frames(self) -> int:
-        """Recorded frames of a trajectory after the temporal stride; 1 for steady pairs."""
-        return len(range(0, self.raw_shape[0], self.temporal_stride))
 
     def coordinates(self) -> dict[str, list[float]]:
         """None: the files hold fields only."""
@@ -289,3 +280,15 @@ def write_pt(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
     with atomic_path(path) as tmp:
         torch.save(tensors, tmp)
     return path
+
+
+def write_predictions(path: Path, reader: NeuralopPtReader, inputs: np.ndarray, outputs: np.ndarray) -> None:
+    """Predictions as neuraloperator's dict, float32: a steady pair as ``x`` and ``y`` (N, *grid); a Burgers
+    rollout as ``y`` (N, t, x), its first frame also as ``x``. ``inputs``/``outputs`` are channels-last."""
+    if LAYOUTS[reader.pde].autoregressive:
+        y = torch.from_numpy(np.ascontiguousarray(outputs[..., 0]))
+        tensors = {"x": y[:, 0].clone(), "y": y}
+    else:
+        x, y = (torch.from_numpy(np.ascontiguousarray(a[..., 0])) for a in (inputs, outputs))
+        tensors = {"x": x, "y": y}
+    write_pt(path, tensors)

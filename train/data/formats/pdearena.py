@@ -13,18 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
 
 from train.atomic import atomic_path
 from train.config import TaskConfig
+from train.data.formats.pdebench import Strided, open_hdf5
 from train.errors import DataError
 from train.pdes import LAYOUTS
-
-if TYPE_CHECKING:  # for the annotation only: the store package imports its B2 and HTTPS clients
-    from train.data.acquire.stores.base import Store
 
 SPLIT_WORDS = {"train": "train", "val": "valid", "test": "test"}
 """The project's split name -> the word PDEArena puts in the file name and uses as the root group."""
@@ -61,7 +58,7 @@ def _split_word(name: str) -> str | None:
     return words[0] if len(words) == 1 else None
 
 
-def locate_pdearena(store: Store, task: TaskConfig, split: str) -> list[str]:
+def locate_pdearena(store, task: TaskConfig, split: str) -> list[str]:
     """The names of one split's files in ``store``: the configured train/test file when set (if the store has
     it), else every ``.h5`` file in the root whose file name contains the split word, sorted; [] when none."""
     if split not in SPLIT_WORDS:
@@ -72,16 +69,6 @@ def locate_pdearena(store: Store, task: TaskConfig, split: str) -> list[str]:
         return [name] if store.stat(name) is not None else []
     word = SPLIT_WORDS[split]
     return sorted(n for n in store.list("") if n.endswith(".h5") and word in n.rsplit("/", 1)[-1])
-
-
-def _open(path: Path) -> h5py.File:
-    if not path.is_file():
-        raise DataError(f"PDEArena file '{path}' not found; check the task's source folder and files settings")
-    try:
-        return h5py.File(path, "r")
-    except OSError as e:
-        # A truncated download fails here too: h5py reports the end of file before the superblock's size.
-        raise DataError(f"{path}: not a readable HDF5 file ({e}); {FIX}") from None
 
 
 def _root_group(f: h5py.File, path: Path) -> str:
@@ -98,7 +85,7 @@ def _root_group(f: h5py.File, path: Path) -> str:
     )
 
 
-class PdeArenaReader:
+class PdeArenaReader(Strided):
     """One split's PDEArena Navier-Stokes files, validated, strided and read in blocks (the reader seam)."""
 
     std_floor = None  # unnormalised in PDEArena; a constant channel keeps its scale, as for PDEBench
@@ -140,7 +127,7 @@ class PdeArenaReader:
         # at a time: a split of many seeds would otherwise hold a handle per file; blocks run file by file.
         if self._handle is None or self._handle[0] != i:
             self.close()
-            self._handle = (i, _open(self.paths[i]))
+            self._handle = (i, open_hdf5(self.paths[i], FIX))
         return self._handle[1]
 
     def _check(self, i: int) -> tuple[str, tuple[int, ...]]:
@@ -175,16 +162,6 @@ class PdeArenaReader:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_handle": None}
-
-    @property
-    def grid(self) -> tuple[int, ...]:
-        """Spatial grid (nx, ny) after striding."""
-        return tuple(len(range(0, n, self.spatial_stride)) for n in self.raw_shape[1:])
-
-    @property
-    def n_frames(self) -> int:
-        """Recorded frames of a trajectory after the temporal stride (PDEArena's standard set: 14)."""
-        return len(range(0, self.raw_shape[0], self.temporal_stride))
 
     def describe(self) -> dict:
         """The channel names, for the cache manifest."""
@@ -255,3 +232,9 @@ class PdeArenaReader:
 def open_pdearena(paths: list[Path], task: TaskConfig) -> PdeArenaReader:
     """The reader of one split's PDEArena files (one per seed), samples concatenated in the given order."""
     return PdeArenaReader([Path(p) for p in paths], task.spatial_stride, task.temporal_stride)
+
+
+def write_predictions(path: Path, reader: PdeArenaReader, inputs: np.ndarray, outputs: np.ndarray) -> None:
+    """A rollout in PDEArena's layout: ``u``, ``vx``, ``vy`` (n, nt, nx, ny), the initial frames first, under the
+    input's root group (its split word)."""
+    write_pdearena(path, reader._groups[0], {key: outputs[..., i] for i, key in enumerate(FIELDS)})

@@ -23,8 +23,27 @@ from train.pdes import LAYOUTS, Layout
 READ_BLOCK_BYTES = 64 << 20
 
 
-class _LazyHdf5:
-    """What both readers share: a lazily opened handle and the strided geometry of one sample."""
+class Strided:
+    """The strided geometry of a reader whose one sample is ``raw_shape`` = [t, *space] before striding (t is 1
+    for a steady pair); every reader of the seam whose samples are one array shares it."""
+
+    raw_shape: tuple[int, ...]
+    spatial_stride: int
+    temporal_stride: int
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """Spatial grid after striding."""
+        return tuple(len(range(0, n, self.spatial_stride)) for n in self.raw_shape[1:])
+
+    @property
+    def n_frames(self) -> int:
+        """Recorded frames of a trajectory after the temporal stride; 1 for a steady pair."""
+        return len(range(0, self.raw_shape[0], self.temporal_stride))
+
+
+class _LazyHdf5(Strided):
+    """What both PDEBench readers share: a lazily opened handle and the strided geometry of one sample."""
 
     std_floor = None  # a constant channel is left unscaled (train.data.formats: the reader seam)
 
@@ -74,15 +93,6 @@ class _LazyHdf5:
         for n in space:
             if n < self.spatial_stride:
                 raise DataError(f"{self.path}: spatial stride {self.spatial_stride} exceeds the grid {space}")
-
-    @property
-    def grid(self) -> tuple[int, ...]:
-        """Spatial grid after striding."""
-        return tuple(len(range(0, n, self.spatial_stride)) for n in self.raw_shape[1:])
-
-    @property
-    def n_frames(self) -> int:
-        return len(range(0, self.raw_shape[0], self.temporal_stride)) if self.layout.autoregressive else 1
 
     def _stride(self, block: np.ndarray, has_time: bool) -> np.ndarray:
         """Strides a block [sample, (t), *space, ...]; trailing axes (channels) are kept whole."""
@@ -301,14 +311,15 @@ def locate(store, name: str, task, split: str) -> list[str]:
     return next(([rel] for rel in candidates(name, task, split) if store.stat(rel) is not None), [])
 
 
-def looks_for(name: str, task, split: str) -> str:
-    return ", ".join(candidates(name, task, split))
+looks_for = candidates
 
 
-def open_hdf5(path: Path) -> h5py.File:
+def open_hdf5(path: Path, fix: str = "re-create or re-download it") -> h5py.File:
+    """``path`` opened for reading; a missing or unreadable file (a truncated download fails here too: h5py
+    finds the end of the file before the superblock's size) is a DataError saying ``fix``."""
     if not path.is_file():
-        raise DataError(f"data file '{path}' not found")
+        raise DataError(f"data file '{path}' not found; {fix}")
     try:
         return h5py.File(path, "r")
     except OSError as e:
-        raise DataError(f"{path}: not a readable HDF5 file ({e}); re-create or re-download it") from None
+        raise DataError(f"{path}: not a readable HDF5 file ({e}); {fix}") from None

@@ -40,8 +40,8 @@ def locate(store, name: str, task, split: str) -> list[str]:
     return [n for n in store.list(f"data/{FOLDERS[split]}") if n.lower().endswith(HDF5_SUFFIXES)]
 
 
-def looks_for(name: str, task, split: str) -> str:
-    return f"data/{FOLDERS[split]}/*.hdf5"
+def looks_for(name: str, task, split: str) -> list[str]:
+    return [f"data/{FOLDERS[split]}/*.hdf5"]
 
 
 def _text(value) -> str:
