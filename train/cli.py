@@ -136,7 +136,9 @@ def _using_commands(sub) -> None:
         c.add_argument("--output", "-o", help="the file to write" + (" (required)" if name == "predict" else ""))
         c.add_argument("--factory", help="where a model of your own lives now (file.py:function), if it moved")
         if name == "predict":
-            c.add_argument("--input", "-i", required=True, help="a data file in a format the task reads (HDF5, .mat, .pt)")
+            c.add_argument(
+                "--input", "-i", required=True, help="a data file in a format the task reads (HDF5, .mat, .pt)"
+            )
             c.add_argument("--steps", type=_positive, help="frames to predict (default: to the input's last frame)")
             c.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
             c.add_argument("--batch-size", type=_positive, default=64, help="trajectories per forward (default 64)")

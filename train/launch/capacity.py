@@ -12,7 +12,7 @@ from pathlib import Path
 from train.config import Config
 from train.data.acquire.stores import is_local, local_path
 from train.data.cache.build import CacheInfo
-from train.data.formats import channels, format_of
+from train.data.formats import format_of
 from train.disk import human
 from train.model.builtin import MODELS, parameter_count
 from train.model.specs import TaskSpec
@@ -72,7 +72,7 @@ def assumed_specs(cfg: Config) -> dict[str, TaskSpec]:
         dims = layout.spatial_dims or 2  # a Well dataset's dimensions are in its files: assume 2D
         points = task.resolution if task.source == "generate" else ASSUMED_POINTS
         n = -(-len(range(0, points, task.spatial_stride)) // task.patch_size) * task.patch_size
-        c_in, c_out = channels(layout)
+        c_in, c_out = format_of(task.pde).assumed_channels(layout)
         specs[name] = TaskSpec((n,) * dims, c_in, c_out, task.patch_size, task.initial_step, layout.autoregressive)
     return specs
 

@@ -82,6 +82,9 @@ class Format:
     ``{name}_{res}.tgz``): used when the files themselves are not in the source."""
     unpack: Callable[[Path, Path], list[Path]] | None = None
     """(archive, folder) -> the split files extracted into the folder, checked member by member."""
+    assumed_channels: Callable[[Layout], tuple[int, int]] = lambda layout: (len(layout.inputs), len(layout.targets))
+    """Input and output channels as far as the registry tells before a file is read (the doctor's capacity plan,
+    the model's parameter estimate)."""
     in_place: bool = False
     """Plain float32 sources can be mapped in place instead of copied into the cache (train.data.cache.in_place)."""
     metrics: tuple[str, ...] = ("pdebench",)
@@ -93,15 +96,6 @@ class Format:
     predicts: str | None = None
     """None: ``predict`` writes predictions in this format; else why not and what to use instead."""
     docs: str = "docs/data-formats.md"
-
-
-def channels(layout: Layout) -> tuple[int, int]:
-    """Input and output channels as far as the registry tells before a file is read (The Well: assumed 4)."""
-    if layout.style == "well":
-        return 4, 4
-    if layout.style == "groups":
-        return layout.channels or 1, layout.channels or 1
-    return len(layout.inputs), len(layout.targets)
 
 
 def _pdebench_ranges(test_first: bool):
@@ -162,11 +156,13 @@ FORMATS: dict[str, Format] = {
         open=pdebench.open_groups, locate=pdebench.locate, looks_for=pdebench.looks_for,
         carving="PDEBench's group-per-seed convention: train, val, test in sorted group order",
         ranges=_pdebench_ranges(False), keeps_names=False, docs="docs/data-formats.md",
+        assumed_channels=lambda layout: (layout.channels or 1, layout.channels or 1),
     ),
     "well": Format(
         open=lambda paths, task: well.WellReader(paths, task.spatial_stride), locate=well.locate,
         looks_for=well.looks_for, carving="the train files' last trajectories", ranges=_pdebench_ranges(False),
         many_files=True, metrics=("pdebench", "well"), docs="docs/well.md",
+        assumed_channels=lambda layout: (4, 4),  # in the files: a guess for the estimates
         predicts="a Well split is a folder of files, predict writes one file; use the Python API (Surrogate.rollout)",
     ),
     "fno_mat": Format(
