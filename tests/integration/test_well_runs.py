@@ -56,7 +56,7 @@ def test_a_pdebench_task_and_a_well_task_train_together(tmp_path):
 @pytest.mark.parametrize(
     ("damage", "code", "message"),
     [
-        ("empty", 3, "no .hdf5 file in"),
+        ("empty", 3, "/data/train/*.hdf5\n  (fix tasks.rich.source"),
         ("group", 3, "rich_1.hdf5: group 'scalars' missing"),
         ("resolution", 3, "rich_1.hdf5: resolution [8, 4] differs from [8, 6]"),
         ("name", 3, "rich_1.hdf5: dataset_name other differs from rich"),

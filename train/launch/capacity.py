@@ -121,7 +121,7 @@ def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> 
     cache_need = data_need = 0
     for name, task in cfg.tasks.items():
         if caches.get(name) is None:
-            one_file = LAYOUTS[task.pde].style in ("single", "groups")  # PDEBench: the dataset is one file
+            one_file = format_of(task.pde).whole_file  # PDEBench: the dataset may be one file
             if one_file and task.source == "generate":
                 source = generated_path(Path(cfg.run.data_dir), name, task)
                 generated = file_bytes(task.pde, task.n_samples, task.resolution)

@@ -31,7 +31,6 @@ from train.data.acquire.stores.b2 import missing_b2_credentials
 from train.data.acquire.stores.base import Store, check_name
 from train.data.checksum import ALGORITHM
 from train.data.formats import format_of
-from train.data.formats.well import check_splits_agree
 from train.data.node_lock import node_lock
 from train.data.splits import SPLITS
 from train.errors import ConfigError, DataError
@@ -285,10 +284,10 @@ def _search(name: str, task: TaskConfig, location: str, data_dir: Path, b2_api) 
                 origins[split] = {"origin": "local", "file": str(folder), "files": [_local_origin(p) for p in paths]}
         found[split] = tuple(paths) if fmt.many_files else paths[0]
     stats = None
-    if task.pde == "well" and store.stat("stats.yaml") is not None:
-        stats = data_dir / name / "stats.yaml" if remote else store.path("stats.yaml")
+    if fmt.stats_file and store.stat(fmt.stats_file) is not None:
+        stats = data_dir / name / fmt.stats_file if remote else store.path(fmt.stats_file)
         if remote:
-            jobs.append((store, "stats.yaml", stats))
+            jobs.append((store, fmt.stats_file, stats))
     log.info("data %s: %s at %s (%s)", name, task.pde, location,
              ", ".join(f"{s}: {len(SplitFiles(**found).paths(s))} file(s)" for s in SPLITS))  # fmt: skip
     files = SplitFiles(train=found["train"], val=found["val"], test=found["test"], stats_file=stats)
@@ -368,10 +367,10 @@ def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, 
             log.warning("removed %s, a partial file a killed writer left behind", stale)
     found: dict[str, _Found] = {}
     for name, task in cfg.tasks.items():
-        style, location = LAYOUTS[task.pde].style, task.location
-        if style in ("single", "groups") and task.source == "generate":
+        whole_file, location = format_of(task.pde).whole_file, task.location
+        if whole_file and task.source == "generate":
             found[name] = _generate(name, task, data_dir, dry_run)
-        elif style in ("single", "groups") and task.source.lower().endswith(HDF5_SUFFIXES):
+        elif whole_file and task.source.lower().endswith(HDF5_SUFFIXES):
             found[name] = _single_file(name, task, data_dir, b2_api)
         else:
             if location == "generate":
@@ -389,7 +388,8 @@ def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, 
         return {name: f.files for name, f in found.items()}
     results = download.fetch_all(jobs, lock_dir=data_dir) if jobs else []
     for name, task in cfg.tasks.items():
-        if task.pde == "well":  # the files of every split are of one dataset, or nothing is cached
-            check_splits_agree({split: found[name].files.paths(split) for split in SPLITS})
+        check_splits = format_of(task.pde).check_splits
+        if check_splits is not None:  # e.g. the files of every split are of one dataset, or nothing is cached
+            check_splits({split: found[name].files.paths(split) for split in SPLITS})
     fetched = {result.dest: (store, result) for (store, _, _), result in zip(jobs, results, strict=True)}
     return {name: _with_provenance(f, cfg.tasks[name], fetched) for name, f in found.items()}

@@ -73,10 +73,17 @@ class Format:
     """(task, samples in the train file, carve val, carve test) -> each split's samples of the train file."""
     own_range: Callable[[TaskConfig, str, int], range] = lambda task, split, n: range(n)
     """(task, split, samples in the split's own file) -> the samples of it the split takes."""
+    whole_file: bool = False
+    """A source may be one file holding the whole dataset, every split carved from it (PDEBench's); source
+    'generate' then writes one such file (train.data.acquire.generate)."""
     many_files: bool = False
     """A split may be several files (read in sorted order); downloads keep the files' own names."""
     keeps_names: bool = True
     """A downloaded file keeps its relative name under data/<task>/ (False: PDEBench's ``<split>.h5``)."""
+    stats_file: str | None = None
+    """A file of the dataset's statistics beside its split folders, fetched with them (The Well's stats.yaml)."""
+    check_splits: Callable[[dict[str, list[Path]]], None] | None = None
+    """Checks the files of every split together once they are local (The Well's: one dataset, one schema)."""
     archive: Callable[[TaskConfig], str] | None = None
     """The published archive that holds the split files, where the format has one (neuraloperator's
     ``{name}_{res}.tgz``): used when the files themselves are not in the source."""
@@ -150,18 +157,19 @@ FORMATS: dict[str, Format] = {
     "single": Format(
         open=pdebench.open_single, locate=pdebench.locate, looks_for=pdebench.looks_for,
         carving="PDEBench's single-file convention: test, val, train in sample order",
-        ranges=_pdebench_ranges(True), keeps_names=False, in_place=True, docs="docs/data-formats.md",
+        ranges=_pdebench_ranges(True), whole_file=True, keeps_names=False, in_place=True, docs="docs/data-formats.md",
     ),
     "groups": Format(
         open=pdebench.open_groups, locate=pdebench.locate, looks_for=pdebench.looks_for,
         carving="PDEBench's group-per-seed convention: train, val, test in sorted group order",
-        ranges=_pdebench_ranges(False), keeps_names=False, docs="docs/data-formats.md",
+        ranges=_pdebench_ranges(False), whole_file=True, keeps_names=False, docs="docs/data-formats.md",
         assumed_channels=lambda layout: (layout.channels or 1, layout.channels or 1),
     ),
     "well": Format(
         open=lambda paths, task: well.WellReader(paths, task.spatial_stride), locate=well.locate,
         looks_for=well.looks_for, carving="the train files' last trajectories", ranges=_pdebench_ranges(False),
-        many_files=True, metrics=("pdebench", "well"), docs="docs/well.md",
+        many_files=True, stats_file="stats.yaml", check_splits=well.check_splits_agree, metrics=("pdebench", "well"),
+        docs="docs/well.md",
         assumed_channels=lambda layout: (4, 4),  # in the files: a guess for the estimates
         predicts="a Well split is a folder of files, predict writes one file; use the Python API (Surrogate.rollout)",
     ),
