@@ -87,8 +87,9 @@ def _advect(fields: np.ndarray, vx: np.ndarray, vy: np.ndarray, dt: float) -> np
     return _interpolate(fields, grid[:, None] - steps * mid[0], grid[None, :] - steps * mid[1])
 
 
-def simulate(smoke: np.ndarray, n_frames: int) -> dict[str, np.ndarray]:
-    """Evolve smoke densities (b, n, n) from rest; returns ``u``, ``vx``, ``vy`` (b, n_frames, n, n) float64."""
+def simulate(smoke: np.ndarray, n_frames: int, sample_rate: int = SAMPLE_RATE) -> dict[str, np.ndarray]:
+    """Evolve smoke densities (b, n, n) from rest; returns ``u``, ``vx``, ``vy`` (b, n_frames, n, n) float64, a
+    frame every ``sample_rate`` steps."""
     b, n, _ = smoke.shape
     kx, ky = _wavenumbers(n)
     k2 = kx**2 + ky**2
@@ -102,7 +103,7 @@ def simulate(smoke: np.ndarray, n_frames: int) -> dict[str, np.ndarray]:
 
     out = {key: np.empty((b, n_frames, n, n)) for key in ("u", "vx", "vy")}
     w_hat = np.zeros((b, n, n // 2 + 1), complex)
-    recorded = _recorded_steps(n_frames)
+    recorded = _recorded_steps(n_frames, sample_rate)
     mass = smoke.sum(axis=(1, 2), keepdims=True)
     for step in range(1, max(recorded) + 1):
         # phiflow's order: advect the smoke, push with its buoyancy, advect and diffuse the flow.
@@ -119,15 +120,15 @@ def simulate(smoke: np.ndarray, n_frames: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _recorded_steps(n_frames: int) -> dict[int, int]:
+def _recorded_steps(n_frames: int, sample_rate: int = SAMPLE_RATE) -> dict[int, int]:
     """Step (counted from 1) -> the frame recorded after it. PDEArena keeps its list of states after each step
-    minus the first SKIP_STEPS, every SAMPLE_RATE-th: the states after steps SKIP_STEPS + 1 + SAMPLE_RATE * k."""
-    return {SKIP_STEPS + 1 + SAMPLE_RATE * k: k for k in range(n_frames)}
+    minus the first SKIP_STEPS, every sample_rate-th: the states after steps SKIP_STEPS + 1 + sample_rate * k."""
+    return {SKIP_STEPS + 1 + sample_rate * k: k for k in range(n_frames)}
 
 
-def frame_times(n_frames: int) -> np.ndarray:
+def frame_times(n_frames: int, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     """The simulated time of each recorded frame."""
-    return np.array(sorted(_recorded_steps(n_frames))) * STEP_DT
+    return np.array(sorted(_recorded_steps(n_frames, sample_rate))) * STEP_DT
 
 
 def split_counts(n_samples: int) -> dict[str, int]:
@@ -138,7 +139,7 @@ def split_counts(n_samples: int) -> dict[str, int]:
     return {"train": n_samples - 2 * held, "val": held, "test": held}
 
 
-def _write(path: Path, word: str, first: int, count: int, n: int, n_frames: int, seed: int) -> None:
+def _write(path: Path, word: str, first: int, count: int, n: int, n_frames: int, seed: int, sample_rate: int) -> None:
     """One split's file, block by block, in PDEArena's layout (as train.data.formats.pdearena.write_pdearena)."""
     block = max(1, BLOCK_BYTES // (8 * 3 * n_frames * n * n))
     grid = np.arange(n) * (LENGTH / n)
@@ -146,10 +147,10 @@ def _write(path: Path, word: str, first: int, count: int, n: int, n_frames: int,
         group = f.create_group(word)
         shape = (count, n_frames, n, n)
         fields = {key: group.create_dataset(key, shape, dtype=np.float64) for key in ("u", "vx", "vy")}
-        group["t"] = np.tile(frame_times(n_frames), (count, 1))
+        group["t"] = np.tile(frame_times(n_frames, sample_rate), (count, 1))
         group["x"] = np.tile(grid, (count, 1))
         group["y"] = np.tile(grid, (count, 1))
-        group["dt"] = np.full(count, STEP_DT * SAMPLE_RATE)  # PDEArena's dt: the time between frames
+        group["dt"] = np.full(count, STEP_DT * sample_rate)  # PDEArena's dt: the time between frames
         group["dx"] = np.full(count, LENGTH / n)
         group["dy"] = np.full(count, LENGTH / n)
         group["buo_y"] = np.full(count, BUOYANCY)
@@ -157,21 +158,30 @@ def _write(path: Path, word: str, first: int, count: int, n: int, n_frames: int,
             StopRequested.check()
             stop = min(count, start + block)
             smoke = np.stack([_initial_smoke(np.random.default_rng([seed, first + i]), n) for i in range(start, stop)])
-            for key, value in simulate(smoke, n_frames).items():
+            for key, value in simulate(smoke, n_frames, sample_rate).items():
                 fields[key][start:stop] = value
 
 
-def generate_pdearena(folder: Path, n_samples: int, resolution: int, seed: int, n_frames: int = 14) -> list[Path]:
+def generate_pdearena(
+    folder: Path, n_samples: int, resolution: int, seed: int, n_frames: int = 14, sample_rate: int = SAMPLE_RATE
+) -> list[Path]:
     """Write a train, a valid and a test file named as PDEArena names them into ``folder``; returns their paths
-    in that order. Each file is written atomically."""
-    for name, value, low in (("resolution", resolution, 4), ("seed", seed, 0), ("n_frames", n_frames, 1)):
+    in that order. Each file is written atomically. ``sample_rate``: solver steps between recorded frames
+    (PDEArena's standard set: 4, 6 time units; 1 records every step)."""
+    checks = (
+        ("resolution", resolution, 4),
+        ("seed", seed, 0),
+        ("n_frames", n_frames, 1),
+        ("sample_rate", sample_rate, 1),
+    )
+    for name, value, low in checks:
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     counts, paths, first = split_counts(n_samples), [], 0
     for split, count in counts.items():
         # PDEArena's generator appends the sample count to the train file's name only.
         path = Path(folder) / file_name(split, seed, BUOYANCY, count if split == "train" else None)
-        _write(path, SPLIT_WORDS[split], first, count, resolution, n_frames, seed)
+        _write(path, SPLIT_WORDS[split], first, count, resolution, n_frames, seed, sample_rate)
         paths.append(path)
         first += count
     return paths

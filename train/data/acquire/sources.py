@@ -333,7 +333,9 @@ DEMO_GENERATORS = {
     "well": lambda folder, t: generate_gray_scott(folder, seed=t.seed),
     "fno_mat": lambda folder, t: generate_fno(folder, t.pde, t.n_samples, t.resolution, t.seed)[0].parent,
     "neuralop_pt": lambda folder, t: generate_neuralop(folder, t.pde, t.n_samples, t.resolution, t.seed)[0].parent,
-    "pdearena": lambda folder, t: generate_pdearena(folder, t.n_samples, t.resolution, t.seed)[0].parent,
+    # every solver step recorded: at the demo's coarse grid, the standard set's 6 time units between frames move
+    # the smoke further than a small model learns from a few hundred trajectories (docs/pdearena.md)
+    "pdearena": lambda folder, t: generate_pdearena(folder, t.n_samples, t.resolution, t.seed, sample_rate=1)[0].parent,
 }
 """Storage style -> the demo dataset of source 'generate' written in that format into a folder (PDEBench's
 families generate one file each: train.data.acquire.generate)."""
