@@ -106,6 +106,23 @@ def test_formats_are_found_and_downloaded_over_https_under_their_own_names(tmp_p
     assert origin["origin"] == "https" and len(origin["files"]) == 1
 
 
+def test_float32_pt_tensors_are_mapped_in_place_and_read_as_a_copy_would(tmp_path):
+    """neuraloperator's NS fields (contiguous float32) are the cache's own bytes: mapped where they lie in the zip
+    members; Darcy's bool inputs are copied. Either way the cache reads what the reader gives."""
+    for pde in ("neuralop_ns", "neuralop_darcy"):
+        train, _ = generate_neuralop(tmp_path / pde, pde, 9, 8, 0)
+        task = TaskConfig(pde=pde, source=str(tmp_path / pde), files={"resolution": 8})
+        from train.data.acquire.sources import SplitFiles
+
+        info = build_cache(pde, task, SplitFiles(train=train), tmp_path / "cache")
+        assert (info.in_place is not None) == (pde == "neuralop_ns"), pde
+        (whole,) = list(open_reader(train, task).parts(range(0, 9)))
+        samples = info.splits["train"]["samples"]
+        mean, std = np.float32(info.target_mean), np.float32(info.target_std)
+        expected = whole["y"][samples[0] : samples[1]]
+        np.testing.assert_allclose(info.array("train", "y")[:] * std + mean, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_published_archive_is_downloaded_unpacked_once_and_read(tmp_path):
     """neuraloperator's {name}_{res}.tgz in place of its .pt files, over HTTPS."""
     made = generate_neuralop(tmp_path / "made", "neuralop_darcy", 12, 16, 0)

@@ -6,7 +6,8 @@ publishes them) is, byte for byte, the array a cache would hold when the run use
 several-field family (CFD's density, pressure, velocities). Such a cache holds no array at all, only where
 each field lies in the file; reads normalise per batch (train.data.cache.cached_array). Its build reads every byte
 once, sequentially, to take the train split's statistics and to refuse non-finite values, as a copying build
-would, and writes nothing but its manifest.
+would, and writes nothing but its manifest. Which sources qualify is the format's to say (``Format.in_place``):
+PDEBench's single files, and neuraloperator's zip-format ``.pt`` files of contiguous float32 tensors.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from queue import Queue
 
-import h5py
 import numpy as np
 
 from train.config import TaskConfig
@@ -45,26 +45,16 @@ class Placed:
 
 
 def locate(path: Path, keys: tuple[str, ...], task: TaskConfig) -> tuple[Field, ...] | None:
-    """Where each of ``keys`` lies in the PDEBench file ``path``, when the task reads them whole and unstrided
-    from plain storage; None when the cache must copy (another layout, a stride, chunks, compression, a dtype
-    other than little-endian float32)."""
-    layout = LAYOUTS[task.pde]
+    """Where each of ``keys`` lies in ``path``, when the task reads them whole and unstrided and the format finds
+    them stored as the cache would hold them (``Format.in_place``: plain little-endian float32, samples first,
+    uncompressed); None when the cache must copy."""
+    layout, places = LAYOUTS[task.pde], format_of(task.pde).in_place
     whole = task.spatial_stride == 1 and (not layout.autoregressive or task.temporal_stride == 1)
-    if not format_of(task.pde).in_place or not whole:
-        return None
-    fields = []
-    with h5py.File(path, "r") as f:
-        for key in keys:
-            ds = f[key]
-            plain = ds.chunks is None and ds.compression is None and ds.dtype == np.dtype("<f4")
-            offset = ds.id.get_offset() if plain and ds.id.get_create_plist().get_nfilters() == 0 else None
-            if offset is None:
-                return None
-            shape = ds.shape
-            if not layout.autoregressive and len(shape) == 2 + layout.spatial_dims:
-                shape = (shape[0], *shape[2:])  # Darcy's singleton time axis: the same bytes without it
-            fields.append(Field(str(Path(path).resolve()), int(offset), tuple(shape)))
-    return tuple(fields)
+    found = places(Path(path), keys, task) if places is not None and whole else None
+    return (
+        tuple(Field(str(Path(file).resolve()), int(offset), tuple(shape)) for file, offset, shape in found or ())
+        or None
+    )
 
 
 def file_identity(path: str | Path) -> list[int]:

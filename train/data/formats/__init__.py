@@ -92,8 +92,10 @@ class Format:
     assumed_channels: Callable[[Layout], tuple[int, int]] = lambda layout: (len(layout.inputs), len(layout.targets))
     """Input and output channels as far as the registry tells before a file is read (the doctor's capacity plan,
     the model's parameter estimate)."""
-    in_place: bool = False
-    """Plain float32 sources can be mapped in place instead of copied into the cache (train.data.cache.in_place)."""
+    in_place: Callable[[Path, tuple[str, ...], TaskConfig], list[pdebench.Place] | None] | None = None
+    """(file, keys, task) -> where each key's samples lie in the file when its bytes are what the cache would hold
+    (plain float32, samples first), so the cache maps them instead of copying (train.data.cache.in_place);
+    None: always copied."""
     metrics: tuple[str, ...] = ("pdebench",)
     """The metric families evaluation reports: "pdebench" (PDEBench's metrics and the relative L2,
     train.engine.metrics) for every format, "well" (The Well's VRMSE, windowed and rolled out) for its datasets."""
@@ -157,7 +159,8 @@ FORMATS: dict[str, Format] = {
     "single": Format(
         open=pdebench.open_single, locate=pdebench.locate, looks_for=pdebench.looks_for,
         carving="PDEBench's single-file convention: test, val, train in sample order",
-        ranges=_pdebench_ranges(True), whole_file=True, keeps_names=False, in_place=True, docs="docs/data-formats.md",
+        ranges=_pdebench_ranges(True), whole_file=True, keeps_names=False, in_place=pdebench.plain_fields,
+        docs="docs/data-formats.md",
     ),
     "groups": Format(
         open=pdebench.open_groups, locate=pdebench.locate, looks_for=pdebench.looks_for,
@@ -183,7 +186,8 @@ FORMATS: dict[str, Format] = {
         locate=_any_name(neuralop_pt.locate_neuralop_pt),
         looks_for=_named(lambda task, split: neuralop_pt.split_filename(task, split) if split != "val" else None),
         archive=lambda task: f"{neuralop_pt.NAMES[task.pde]}_{task.files.resolution}.tgz",
-        unpack=neuralop_pt.unpack_archive, write_back=neuralop_pt.write_predictions, docs="docs/neuralop-pt.md",
+        unpack=neuralop_pt.unpack_archive, in_place=neuralop_pt.plain_tensors, write_back=neuralop_pt.write_predictions,
+        docs="docs/neuralop-pt.md",
         **_OPERATOR,
     ),
     "pdearena": Format(

@@ -14,6 +14,8 @@ from __future__ import annotations
 import gzip
 import lzma
 import pickle
+import struct
+import sys
 import tarfile
 import zipfile
 import zlib
@@ -200,6 +202,45 @@ class NeuralopPtReader(Strided):
                 yield {"": self._read("y", start, stop)}
             else:
                 yield {"x": self._read("x", start, stop), "y": self._read("y", start, stop)}
+
+
+def _data_offsets(path: Path) -> dict[str, tuple[int, int]]:
+    """Each uncompressed zip member's (first byte of its data in the file, size): torch.save stores every
+    storage as such a member, its bytes as they are in memory."""
+    out = {}
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as f:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                continue
+            f.seek(info.header_offset)
+            local = f.read(30)  # the local header: its name and extra field lengths can differ from the directory's
+            name_length, extra_length = struct.unpack("<HH", local[26:30])
+            out[info.filename] = (info.header_offset + 30 + name_length + extra_length, info.file_size)
+    return out
+
+
+def plain_tensors(path: Path, keys: tuple[str, ...], task: TaskConfig) -> list[tuple[str, int, tuple]] | None:
+    """Where each of ``keys``' samples lie in a zip-format ``.pt`` file, when every one is a contiguous float32
+    tensor (neuraloperator's NS fields; not Darcy's bool inputs or Burgers' float64), so the cache maps them
+    in place; None otherwise. The file is loaded memory-mapped: each storage is a slice of one map of the whole
+    file, so a tensor's address less the map's start is its offset in the file; the map's start is the one
+    that puts every storage on a zip member of its size (none, or several: copied)."""
+    if sys.byteorder != "little" or not zipfile.is_zipfile(path):
+        return None
+    data, members = load_pt(path), _data_offsets(path)
+    tensors = [data.get(key) for key in keys]
+    if not all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
+        return None
+    # Every tensor of the file takes part: members of one size are told apart by where the others lie.
+    every = [t for t in data.values() if isinstance(t, torch.Tensor)]
+    storages = {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in every}
+    first, size = min(storages)
+    spans = set(members.values())
+    bases = [first - start for start, n in spans if n == size]  # the map's start, if the first is that member
+    bases = [base for base in bases if all((ptr - base, n) in spans for ptr, n in storages)]
+    if len(bases) != 1:
+        return None
+    return [(str(path), t.data_ptr() - bases[0], tuple(t.shape)) for t in tensors]
 
 
 def open_neuralop_pt(paths: list[Path], task: TaskConfig) -> NeuralopPtReader:

@@ -314,6 +314,28 @@ def locate(store, name: str, task, split: str) -> list[str]:
 looks_for = candidates
 
 
+Place = tuple[str, int, tuple[int, ...]]
+"""Where one field's float32 samples lie in a file: (file, byte offset, whole shape, samples first)."""
+
+
+def plain_fields(path: Path, keys: tuple[str, ...], task) -> list[Place] | None:
+    """Where each of ``keys`` lies in a single-file PDEBench dataset, when all are stored plain (contiguous,
+    unfiltered, little-endian float32); None when one is not and the cache must copy."""
+    layout, fields = LAYOUTS[task.pde], []
+    with h5py.File(path, "r") as f:
+        for key in keys:
+            ds = f[key]
+            plain = ds.chunks is None and ds.compression is None and ds.dtype == np.dtype("<f4")
+            offset = ds.id.get_offset() if plain and ds.id.get_create_plist().get_nfilters() == 0 else None
+            if offset is None:
+                return None
+            shape = ds.shape
+            if not layout.autoregressive and len(shape) == 2 + layout.spatial_dims:
+                shape = (shape[0], *shape[2:])  # Darcy's singleton time axis: the same bytes without it
+            fields.append((str(path), int(offset), tuple(shape)))
+    return fields
+
+
 def open_hdf5(path: Path, fix: str = "re-create or re-download it") -> h5py.File:
     """``path`` opened for reading; a missing or unreadable file (a truncated download fails here too: h5py
     finds the end of the file before the superblock's size) is a DataError saying ``fix``."""
