@@ -123,6 +123,20 @@ def test_float32_pt_tensors_are_mapped_in_place_and_read_as_a_copy_would(tmp_pat
         np.testing.assert_allclose(info.array("train", "y")[:] * std + mean, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_demo_dataset_is_generated_once_for_its_settings_and_replaced_whole(tmp_path):
+    """A repeated or resumed run finds the same files (not rewritten); other settings leave no file of the old
+    ones to be found beside the new (PDEArena's train file is named by its sample count)."""
+    task = {"pde": "pdearena_ns", "n_samples": 10, "resolution": 8}
+    _, first = _stage(tmp_path, {"smoke": task})
+    (train,) = first["smoke"].paths("train")
+    stamp = train.stat().st_mtime_ns
+    _, again = _stage(tmp_path, {"smoke": task})
+    assert again["smoke"].paths("train") == [train] and train.stat().st_mtime_ns == stamp
+    _, other = _stage(tmp_path, {"smoke": {**task, "n_samples": 20}})
+    (bigger,) = other["smoke"].paths("train")
+    assert bigger != train and not train.exists()
+
+
 def test_a_published_archive_is_downloaded_unpacked_once_and_read(tmp_path):
     """neuraloperator's {name}_{res}.tgz in place of its .pt files, over HTTPS."""
     made = generate_neuralop(tmp_path / "made", "neuralop_darcy", 12, 16, 0)

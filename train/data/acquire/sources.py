@@ -14,12 +14,13 @@ which the launcher writes into the run folder: a run can be traced without the d
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from train.atomic import sweep_stale_temporaries, write_text_atomic
+from train.atomic import sweep_stale_temporaries, write_json_atomic, write_text_atomic
 from train.config import Config, TaskConfig
 from train.data.acquire import download, generate
 from train.data.acquire.generate_fno import generate_fno
@@ -330,27 +331,43 @@ def _with_provenance(found: _Found, task: TaskConfig, fetched: dict[Path, tuple]
 
 
 DEMO_GENERATORS = {
-    "well": lambda folder, t: generate_gray_scott(folder, seed=t.seed),
-    "fno_mat": lambda folder, t: generate_fno(folder, t.pde, t.n_samples, t.resolution, t.seed)[0].parent,
-    "neuralop_pt": lambda folder, t: generate_neuralop(folder, t.pde, t.n_samples, t.resolution, t.seed)[0].parent,
+    "well": lambda folder, t: sorted(generate_gray_scott(folder, seed=t.seed).rglob("*.hdf5")),
+    "fno_mat": lambda folder, t: generate_fno(folder, t.pde, t.n_samples, t.resolution, t.seed),
+    "neuralop_pt": lambda folder, t: generate_neuralop(folder, t.pde, t.n_samples, t.resolution, t.seed),
     # every solver step recorded: at the demo's coarse grid, the standard set's 6 time units between frames move
     # the smoke further than a small model learns from a few hundred trajectories (docs/pdearena.md)
-    "pdearena": lambda folder, t: generate_pdearena(folder, t.n_samples, t.resolution, t.seed, sample_rate=1)[0].parent,
+    "pdearena": lambda folder, t: generate_pdearena(folder, t.n_samples, t.resolution, t.seed, sample_rate=1),
 }
-"""Storage style -> the demo dataset of source 'generate' written in that format into a folder (PDEBench's
-families generate one file each: train.data.acquire.generate)."""
+"""Storage style -> the demo dataset of source 'generate' written in that format into a folder, the paths it
+wrote (PDEBench's families generate one file each: train.data.acquire.generate)."""
+DEMO_RECORD = ".generated.json"
+"""What a demo folder was generated with, and its files: written last, so a folder with it is complete."""
 
 
 def _generate_demo(name: str, task: TaskConfig, data_dir: Path, dry_run: bool) -> str | None:
-    """The folder source 'generate' writes a demo dataset of the task's format into; None in a dry run."""
+    """The folder source 'generate' writes a demo dataset of the task's format into (once for its settings: a
+    run resumed or repeated finds the same files); None in a dry run."""
     folder = data_dir / name
+    request = {"pde": task.pde, "n_samples": task.n_samples, "resolution": task.resolution, "seed": task.seed}
     if dry_run:
         print(f"generate a {task.pde} demo dataset -> {folder}")
         return None
     with node_lock(folder / ".generate.lock", f"another process to finish generating {folder}"):
-        folder = DEMO_GENERATORS[LAYOUTS[task.pde].style](folder, task)
-    log.info("data %s: a %s demo dataset at %s", name, task.pde, folder)
+        record = _read_json(folder / DEMO_RECORD)
+        if record.get("request") != request:
+            files = [str(p) for p in DEMO_GENERATORS[LAYOUTS[task.pde].style](folder, task)]
+            for stale in set(record.get("files", [])) - set(files):  # found beside the new ones otherwise
+                Path(stale).unlink(missing_ok=True)
+            write_json_atomic(folder / DEMO_RECORD, {"request": request, "files": files})
+            log.info("data %s: a %s demo dataset generated in %s", name, task.pde, folder)
     return str(folder)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _file_source(task: TaskConfig) -> tuple[str, TaskConfig]:
