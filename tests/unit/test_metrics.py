@@ -68,7 +68,9 @@ def reference(pred: np.ndarray, target: np.ndarray) -> dict[str, float]:
             per_tc["frmse_low"].append(low)
             per_tc["frmse_mid"].append(mid)
             per_tc["frmse_high"].append(high)
-    return {key: float(np.mean(values)) for key, values in {**per_term, **per_tc}.items()}
+    # the relative L2 per sample over its whole field (every step and channel), averaged over the samples
+    rel_l2 = [np.linalg.norm((pred[i] - target[i]).ravel()) / np.linalg.norm(target[i].ravel()) for i in range(b)]
+    return {key: float(np.mean(values)) for key, values in {**per_term, **per_tc, "rel_l2": rel_l2}.items()}
 
 
 def _fields(shape, seed=0, scale_per_sample=True):
