@@ -1,8 +1,10 @@
-"""The PDE registry: every equation family the project reads, with its HDF5 layout, in one place.
+"""The PDE registry: every equation family the project reads, with its keys, storage style and published
+settings, in one place.
 
-The config's ``tasks.<name>.pde`` is validated against it, the readers take their keys from it, and the
-families the project can also generate name their file here. The layouts are described in
-docs/data-formats.md ('Supported PDEs', 'Single-file layout', 'Grouped layout').
+The config's ``tasks.<name>.pde`` is validated against it, the readers take their keys from it, the Format table
+(train.data.formats) its style, and the families the project can also generate in PDEBench's layout name their
+file here. The layouts are described in docs/data-formats.md ('Supported PDEs', 'Single-file layout', 'Grouped
+layout'), docs/well.md and docs/operator-formats.md.
 """
 
 from __future__ import annotations
