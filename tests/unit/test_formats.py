@@ -137,6 +137,13 @@ def test_a_demo_dataset_is_generated_once_for_its_settings_and_replaced_whole(tm
     assert bigger != train and not train.exists()
 
 
+def test_the_disk_plan_counts_a_folder_of_pt_files_as_copied():
+    """Whether a .pt folder maps in place is known only once its files are read: the plan counts the copy."""
+    from train.launch.capacity import cache_bytes
+
+    assert cache_bytes(TaskConfig(pde="neuralop_darcy", files={"resolution": 16}), None, 1000) == 1000
+
+
 def test_a_published_archive_is_downloaded_unpacked_once_and_read(tmp_path):
     """neuraloperator's {name}_{res}.tgz in place of its .pt files, over HTTPS."""
     made = generate_neuralop(tmp_path / "made", "neuralop_darcy", 12, 16, 0)

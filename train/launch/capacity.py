@@ -92,13 +92,14 @@ def checkpoint_bytes(cfg: Config) -> int:
 
 def cache_bytes(task, source: Path | None, size: int) -> int:
     """About what a task's missing cache will take on disk: nothing where it maps its source in place
-    (train.data.cache.in_place: a PDEBench dataset read whole from plain float32 storage; generated files are), else
-    the strided share of the source."""
+    (train.data.cache.in_place, as its format says: a PDEBench file read whole from plain float32 storage, which
+    generated files are), else the strided share of the source. ``source`` None: a PDEBench file still to generate
+    (mapped), or a folder of files, which could be known to map only once they are read (counted as copied)."""
     from train.data.cache import in_place
 
-    layout = LAYOUTS[task.pde]
+    layout, fmt = LAYOUTS[task.pde], format_of(task.pde)
     whole = task.spatial_stride == 1 and (not layout.autoregressive or task.temporal_stride == 1)
-    if format_of(task.pde).in_place and whole:
+    if fmt.in_place and whole and (source is not None or fmt.whole_file):
         if source is None or not source.is_file():
             return 0
         keys = layout.targets if layout.autoregressive else layout.inputs + layout.targets
