@@ -13,18 +13,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from train.bench import machine_figures, save_result
-from train.errors import TrainError
+from train.bench import machine_figures, run_config, save_result
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIGS = ("fno-darcy", "fno-burgers", "pdearena-ns")
 TARGET_RATIO = 3.0
-QUICK = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=10"]
 PUBLISHED = {
     "fno-darcy": "FNO 0.0108 at s=85 (1000 train samples of 421 x 421, read at every 5th point)",
     "fno-burgers": "FNO 0.0149 at s=256 ... 0.0139 at s=8192 (1000 train samples)",
@@ -35,16 +29,8 @@ PUBLISHED = {
 
 def _run_config(name: str, workdir: Path, quick: bool) -> dict:
     folders = {key: workdir / f"operators-{key}" for key in ("data", "cache", "runs")}
-    sets = [arg for key, folder in folders.items() for arg in ("--set", f"run.{key}_dir={folder}")]
-    command = [sys.executable, "-m", "train", "run", "--config", f"configs/{name}.yaml", "--nproc", "2", *sets]
-    start = time.perf_counter()
-    proc = subprocess.run([*command, *(QUICK if quick else [])], cwd=REPO, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode:
-        raise TrainError(f"configs/{name}.yaml failed with exit code {proc.returncode}:\n{proc.stderr[-3000:]}")
-    from train.obs.report import read_summary
-
-    (task, summary), *_ = read_summary(folders["runs"] / name).items()
+    wall, summary = run_config(name, folders, quick)
+    (task, summary), *_ = summary.items()
     ratio = summary["baseline_rel_l2"] / summary["rel_l2"]
     train = summary["data"]["train"]["samples"]
     return {

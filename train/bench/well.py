@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from train.bench import machine_figures, save_result
-from train.errors import TrainError
+from train.bench import machine_figures, run_config, save_result
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "configs" / "well.yaml"
 TARGETS = {"vrmse_ratio": 3.0, "wall_s": 300.0}
-QUICK = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=10"]
 
 
 def run(out: Path, workdir: Path, quick: bool = False) -> dict:
@@ -30,16 +23,8 @@ def run(out: Path, workdir: Path, quick: bool = False) -> dict:
     folders = {key: workdir / f"well-{key}" for key in ("data", "cache", "runs")}
     for folder in folders.values():
         shutil.rmtree(folder, ignore_errors=True)  # from nothing: the data is generated, the cache built
-    sets = [arg for key, folder in folders.items() for arg in ("--set", f"run.{key}_dir={folder}")]
-    start = time.perf_counter()
-    command = [sys.executable, "-m", "train", "run", "--config", str(CONFIG), "--nproc", "2", *sets]
-    proc = subprocess.run([*command, *(QUICK if quick else [])], cwd=REPO, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode:
-        raise TrainError(f"configs/well.yaml failed with exit code {proc.returncode}:\n{proc.stderr[-3000:]}")
-    from train.obs.report import read_summary
-
-    (task, summary), *_ = read_summary(folders["runs"] / "well").items()
+    wall, summary = run_config("well", folders, quick)
+    (task, summary), *_ = summary.items()
     well = summary["well"]
     one, base, roll = well["one_step"], well["baseline_one_step"], well["rollout"]
     ratio = base["vrmse"] / one["vrmse"]
