@@ -323,7 +323,15 @@ class TrainConfig(Section):
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this value; 0 disables clipping."""
     num_workers: int = Field(0, ge=0)
-    """DataLoader worker processes per rank."""
+    """DataLoader worker processes per rank (unused while the training data is on the device)."""
+    data_on_device: bool | Literal["auto"] = "auto"
+    """Copy each task's training arrays to every rank's device once and gather each step's batches there by index
+    (no DataLoader, no per-batch host work or copy): true, false, or auto (on a GPU when they fit in
+    data_on_device_share of its free memory; never on CPU). The same seed trains on the same batches either way;
+    true on a device they do not fit is an error (exit 2)."""
+    data_on_device_share: float = Field(0.5, gt=0, le=1)
+    """The share of a device's free memory (at start-up) the training arrays may take on it; the rest is left to
+    the model, its activations and the optimizer."""
     log_every: int = Field(20, ge=1)
     """Write a metrics line every n steps."""
     keep_checkpoints: int = Field(2, ge=1)
@@ -802,6 +810,7 @@ _RUNTIME_ONLY = (
     "run.remote",
     "obs.",
     "train.num_workers",
+    "train.data_on_device",  # and its share: the same batches either way
     "train.find_unused_parameters",
     "train.accept_changed_model_source",
     "train.accept_changed_data",

@@ -136,7 +136,7 @@ def _stop_at_boundary(rank: int, out) -> None:
 
     init_distributed(DistEnv.from_environ("gloo"), 60)
     stopped_at = None
-    with StopRequest(torch.device("cpu")) as stop:
+    with StopRequest() as stop:
         for boundary in range(20):
             if stop.agreed():
                 stopped_at = boundary

@@ -83,6 +83,25 @@ def test_a_rank_killed_at_a_random_step_restarts_the_group_and_ends_bitwise_equa
     assert_bitwise_equal(final_weights(run_dir), reference[1])
 
 
+def test_with_the_data_on_the_device_a_killed_rank_resumes_bitwise_equal_to_the_loaders_run(tmp_path, farm):
+    """train.data_on_device=true on CPU against the farm's reference, which read its batches through the
+    DataLoader: the two data paths train on the same batches (rollout targets included), and a rank SIGKILLed at a
+    random step resumes bitwise."""
+    extra = OBJECTIVES["pushforward"]
+    at = random.Random().randrange(15, 130)
+    print(f"SIGKILL to rank 1 at step {at}")
+    proc = start(tmp_path, "on-device", *extra, "--set", "train.data_on_device=true", "--set", "dist.max_restarts=3",
+                 "--set", "dist.timeout_s=30")  # fmt: skip
+    run_dir = tmp_path / "runs" / "on-device"
+    wait_for_step(proc, run_dir / "metrics.jsonl", at)
+    os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-4000:]
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "training data on the device, batches gathered there" in log and "resumed from" in log
+    assert_bitwise_equal(final_weights(run_dir), farm.reference("pushforward"))
+
+
 def test_sigterm_to_the_whole_job_checkpoints_exits_75_and_the_rerun_ends_bitwise_equal(tmp_path, reference):
     at = random.Random().randrange(15, 130)
     print(f"SIGTERM to the job at step {at}")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from train.config import Config
+from train.data.device_data import DeviceLoader, DeviceTask, Placement, placement
 from train.data.dataset import (
     EqualBatchSampler,
     LatentDataset,
@@ -15,10 +18,14 @@ from train.data.dataset import (
     training_dataset,
     worker_seeding,
 )
+from train.disk import human
 from train.distributed.env import DistEnv
 from train.engine.objective import target_frames
 from train.model.factory import build_model
+from train.errors import ConfigError
 from train.model.specs import TaskData
+
+log = logging.getLogger(__name__)
 
 
 def initial_model(cfg: Config, tasks: list[TaskData], device: torch.device) -> nn.Module:
@@ -50,15 +57,21 @@ def _dataset(task: TaskData, horizon: int = 1):
 
 def training_loaders(
     cfg: Config, env: DistEnv, tasks: list[TaskData], micro_steps: int
-) -> tuple[dict[str, DataLoader], dict[str, EqualBatchSampler]]:
-    """One loader per task, each able to yield ``micro_steps`` batches per epoch on every rank."""
+) -> tuple[dict[str, DataLoader | DeviceLoader], dict[str, EqualBatchSampler]]:
+    """One loader per task, each able to yield ``micro_steps`` batches per epoch on every rank: the data gathered
+    on the device (train.data_on_device) or a DataLoader over the cache."""
+    datasets = {t.name: _dataset(t, target_frames(cfg.train)) for t in tasks}
+    where = data_placement(cfg, list(datasets.values()), env.device)
     loaders, samplers = {}, {}
     for stream, task in enumerate(tasks):
-        dataset = _dataset(task, target_frames(cfg.train))
+        dataset = datasets[task.name]
         sampler = EqualBatchSampler(
             len(dataset), cfg.tasks[task.name].batch_size, micro_steps, env.rank, env.world_size, cfg.run.seed, stream
         )
         samplers[task.name] = sampler
+        if where.on_device:
+            loaders[task.name] = DeviceLoader(DeviceTask(dataset, env.device), sampler, env.device)
+            continue
         loaders[task.name] = DataLoader(
             dataset,
             batch_sampler=sampler,
@@ -69,6 +82,24 @@ def training_loaders(
             pin_memory=env.device.type == "cuda",
         )
     return loaders, samplers
+
+
+def data_placement(cfg: Config, datasets: list, device: torch.device) -> Placement:
+    """train.data_on_device resolved for this rank, logged once with the bytes; ``true`` that does not fit is an
+    error naming the figures."""
+    where = placement(cfg.train.data_on_device, cfg.train.data_on_device_share, datasets, device)
+    if cfg.train.data_on_device is True and not where.on_device:
+        raise ConfigError(
+            f"train.data_on_device=true but the training arrays take {human(where.nbytes)}, more than "
+            f"train.data_on_device_share={cfg.train.data_on_device_share} of the {human(where.free)} free on "
+            f"{device}: set train.data_on_device=auto (the loader then reads them) or raise the share"
+        )
+    log.info(
+        "training data %s: %s of arrays, %s free on %s (%s)",
+        "on the device, batches gathered there" if where.on_device else "read through the loader",
+        human(where.nbytes), human(where.free), device, where.reason,
+    )  # fmt: skip
+    return where
 
 
 def probe_batches(tasks: list[TaskData], device: torch.device) -> dict[str, dict[str, torch.Tensor]]:

@@ -1,4 +1,5 @@
-"""Putting the model together for training: precision, the unused-parameter check, DDP, then torch.compile.
+"""Putting the model together for training: precision, the unused-parameter check, DDP (with several processes),
+then torch.compile.
 
 Order matters (docs/configs.md, 'Training'): model.to(device) -> DDP -> torch.compile. Compiling the DDP wrapper lets
 dynamo split the graph at DDP's bucket boundaries (its DDPOptimizer), so gradient all-reduces still overlap
@@ -22,7 +23,8 @@ from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# Modes whose CUDA graphs would replay without DDP's gradient hooks, and what each becomes under DDP.
+# Modes whose CUDA graphs would replay without DDP's gradient hooks, and what each becomes under DDP. With one
+# process there is no DDP (wrap_ddp), so they are honoured there.
 _GRAPH_FREE = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
@@ -81,16 +83,19 @@ def check_no_dead_parameters(model: nn.Module, run_all_tasks: Callable[[nn.Modul
         )
 
 
-def wrap_ddp(model: nn.Module, env: DistEnv, find_unused: bool) -> DistributedDataParallel:
-    """DDP over ``model``. ``find_unused``: some parameters may get no gradient on some rank in a step (ranks
-    drawing different tasks); DDP then searches the autograd graph each step, which costs time, so it is
-    asked for only then.
+def wrap_ddp(model: nn.Module, env: DistEnv, find_unused: bool) -> nn.Module:
+    """DDP over ``model``, or ``model`` itself in a one-process run, where there is nothing to synchronise (and a
+    CUDA graph then has no gradient hook to skip). ``find_unused``: some parameters may get no gradient on some
+    rank in a step (ranks drawing different tasks); DDP then searches the autograd graph each step, which costs
+    time, so it is asked for only then.
 
     On GPUs, batch normalisation (the U-Net's) is made synchronous: its statistics are those of the whole
     global batch, as on one device. On CPU (SyncBatchNorm runs on CUDA only) each rank normalises its own
     batch, and DDP gives every rank rank 0's running statistics at each forward.
     """
-    if env.device.type == "cuda" and env.world_size > 1:
+    if env.world_size == 1:
+        return model
+    if env.device.type == "cuda":
         converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         assert converted is model, "the trainer's models wrap their normalisation layers"
     return DistributedDataParallel(
@@ -98,6 +103,11 @@ def wrap_ddp(model: nn.Module, env: DistEnv, find_unused: bool) -> DistributedDa
         device_ids=[env.local_rank] if env.device.type == "cuda" else None,
         find_unused_parameters=find_unused,
     )
+
+
+def no_sync(model: nn.Module) -> contextlib.AbstractContextManager:
+    """DDP's no_sync (gradients accumulate locally until the last micro-batch), or nothing without DDP."""
+    return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
 
 
 def compile_enabled(cfg: CompileConfig, device: torch.device) -> bool:
@@ -114,20 +124,30 @@ def compile_model(ddp: nn.Module, cfg: CompileConfig, env: DistEnv, backend: str
         return ddp
     import torch._dynamo
 
-    mode = cfg.mode
-    if mode in _GRAPH_FREE:  # the trainer always wraps in DDP, even for one rank
+    mode = graph_mode(cfg, env)
+    if mode != cfg.mode:
         log.warning(
             "compile.mode=%s captures CUDA graphs, whose replay skips DDP's gradient synchronisation; using "
-            "'%s' under DDP",
+            "'%s' under DDP (with one process it is honoured)",
+            cfg.mode,
             mode,
-            _GRAPH_FREE[mode],
         )
-        mode = _GRAPH_FREE[mode]
     torch._dynamo.config.suppress_errors = not cfg.strict
-    log.info("torch.compile(mode=%s) of the DDP model%s", mode, ", strict" if cfg.strict else "")
+    wrapped = "DDP model" if env.world_size > 1 else "model (one process, no DDP)"
+    log.info("torch.compile(mode=%s) of the %s%s", mode, wrapped, ", strict" if cfg.strict else "")
     if backend == "inductor":
         return torch.compile(ddp, mode=mode)
     return torch.compile(ddp, backend=backend)
+
+
+def graph_mode(cfg: CompileConfig, env: DistEnv) -> str:
+    """compile.mode as it runs: a CUDA-graph mode is honoured for one process (no DDP), replaced under DDP."""
+    return _GRAPH_FREE.get(cfg.mode, cfg.mode) if env.world_size > 1 else cfg.mode
+
+
+def captures_graphs(cfg: CompileConfig, env: DistEnv) -> bool:
+    """Whether the compiled step replays CUDA graphs: each step must then be marked (their outputs are reused)."""
+    return compile_enabled(cfg, env.device) and env.device.type == "cuda" and graph_mode(cfg, env) in _GRAPH_FREE
 
 
 def compiled_graphs() -> int:

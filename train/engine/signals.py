@@ -3,7 +3,9 @@
 The handler only sets a flag (a signal handler must not log, take locks or touch collectives). At each step
 boundary every rank posts its flag to an asynchronous MAX all-reduce and reads the result of the previous
 boundary's: all ranks see the same value at the same step, so they stop together, and the reduction of one
-float overlaps with a whole training step instead of stalling it. Repeated signals change nothing: one stop
+float overlaps with a whole training step instead of stalling it. The flag lives on the CPU and goes through
+gloo even when the gradients go through NCCL: read back from a GPU, it would make the host wait for the GPU at
+every step. Repeated signals change nothing: one stop
 often arrives twice (SLURM or `kill -- -PGID` signals every process, and torchrun's agent forwards its own
 copy); a rank that does not stop within dist.shutdown_timeout_s is killed by the agent.
 """
@@ -20,12 +22,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT)
 
 
 class StopRequest:
-    def __init__(self, device: torch.device):
+    def __init__(self):
         self.received: signal.Signals | None = None
-        self._buffer = torch.zeros(1, device=device)
+        self._buffer = torch.zeros(1)
         self._pending = None
         self._previous: dict[signal.Signals, object] = {}
         self._distributed = dist.is_initialized() and dist.get_world_size() > 1
+        # Every rank builds its StopRequest at the same point of the run, as a new group requires.
+        self._group = dist.new_group(backend="gloo") if self._distributed and dist.get_backend() != "gloo" else None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
@@ -52,7 +56,7 @@ class StopRequest:
             self._pending.wait()
             stop = bool(self._buffer.item() > 0)
         self._buffer.fill_(1.0 if self.received is not None else 0.0)
-        self._pending = dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, async_op=True)
+        self._pending = dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         return stop
 
     def drain(self) -> None:

@@ -54,6 +54,7 @@ from train.engine.loaders import (
 )
 from train.engine.loss import LossWindow, task_loss
 from train.engine.objective import Unroll, draw_steps, unrolled_targets
+from train.engine.nonfinite import NonFiniteSteps, skip_on_device
 from train.engine.optim import build_optimizer
 from train.engine.setup import (
     check_no_dead_parameters,
@@ -61,6 +62,8 @@ from train.engine.setup import (
     compile_errors,
     compile_model,
     compiled_graphs,
+    captures_graphs,
+    no_sync,
     resolve_precision,
     unused_parameters,
     wrap_ddp,
@@ -135,6 +138,7 @@ class Trainer:
         self.ddp = wrap_ddp(trained, env, find_unused=self.weighted or cfg.train.find_unused_parameters)
         self.forward = compile_model(self.ddp, cfg.compile, env)
         self.compiling = compile_enabled(cfg.compile, env.device)
+        self.graphed = captures_graphs(cfg.compile, env)
         self.precision = resolve_precision(cfg.train.precision, env.device)
         self.scaler = self.precision.scaler()
         self.steps = steps_per_epoch(cfg, tasks, env.world_size)
@@ -151,7 +155,9 @@ class Trainer:
                 "tasks.<name>.val_fraction > 0"
             )
         self.state = RunState()
-        self.skipped_in_row = 0
+        self.nonfinite = NonFiniteSteps(
+            self.names, cfg.train.on_nonfinite == "stop" and self.scaler is None, cfg.train.max_skipped_steps
+        )
         self.data_wait = DataWait()
         self.first_step_done: float | None = None  # wall time; launch-to-first-step is logged once
         self.first_step_logged = False
@@ -234,6 +240,7 @@ class Trainer:
 
     def save(self) -> None:
         """Rank 0 writes; every rank waits, so no rank runs ahead of (or exits before) a checkpoint on disk."""
+        self._settle()  # no checkpoint holds a step whose non-finite gradients were not judged
         if self.env.is_main:
             self._check_mapped_sources()
             save_checkpoint(
@@ -264,7 +271,7 @@ class Trainer:
         total = self.steps * cfg.train.epochs
         bar = Progress(total, s.global_step, "train", enabled=env.is_main, live=live_console)
         try:
-            with StopRequest(env.device) as stop, bar:
+            with StopRequest() as stop, bar:
                 # Said once a stop request is handled (a checkpoint, exit 75): before, a signal ends the rank.
                 log.info(
                     "training from epoch %d step %d: %d step(s) per epoch x %d micro-batch(es), %d rank(s), tasks "
@@ -334,17 +341,19 @@ class Trainer:
         for m in range(self.micro):
             position = s.step_in_epoch * self.micro + m
             seed_step(step_seed(cfg.run.seed, env.rank, s.epoch, position), env.device)
+            if self.graphed:  # a new step: the graphs' previous outputs (already summed) may be overwritten
+                torch.compiler.cudagraph_mark_step_begin()
             with self.data_wait.fetching():
                 batches = streams.batches_at(position)
             last = m == self.micro - 1
             # Gradients are all-reduced only on the last micro-batch; the others accumulate locally.
-            with contextlib.nullcontext() if last else self.ddp.no_sync():
+            with contextlib.nullcontext() if last else no_sync(self.ddp):
                 losses = self._forward_backward(batches)
             for name, loss in losses.items():
                 sums[self.names.index(name)] += loss.detach()
                 counts[self.names.index(name)] += 1
             samples += sum(len(b["x"]) for b in batches.values())
-        self._optimizer_step(losses)
+        self._optimizer_step(sums)
         return sums, counts, samples
 
     def _forward_backward(self, batches: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -393,53 +402,40 @@ class Trainer:
             "forward use every parameter at every step"
         )
 
-    def _optimizer_step(self, losses: dict[str, torch.Tensor]) -> None:
+    def _optimizer_step(self, sums: torch.Tensor) -> None:
         cfg = self.cfg.train
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         norm = nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], clip)
-        # The gradients were all-reduced, so every rank computes the same norm and takes the same branch.
-        finite = bool(torch.isfinite(norm))
-        if finite:
-            self.skipped_in_row = 0
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-            else:
-                self.optimizer.step()
-        else:
-            self._nonfinite(losses)
+        # The gradients were all-reduced, so every rank computes the same norm and takes the same decision. It
+        # stays on the device (train.engine.nonfinite): the update is skipped there and judged at the next boundary.
+        bad = ~torch.isfinite(norm)
         if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skips by the scaler's own check, on the device for a fused AdamW
             self.scaler.update()
+        elif skip_on_device(self.optimizer):
+            self.optimizer.found_inf = bad.float()
+            self.optimizer.step()
+        elif not bool(bad):  # a model with complex parameters: no fused AdamW, the host decides
+            self.optimizer.step()
+        self.nonfinite.record(self.state.global_step + 1, bad, sums, self._last_checkpoint)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _nonfinite(self, losses: dict[str, torch.Tensor]) -> None:
-        cfg = self.cfg.train
-        self.skipped_in_row += 1
-        tolerated = cfg.on_nonfinite == "skip" or self.scaler is not None
-        if tolerated and self.skipped_in_row <= cfg.max_skipped_steps:
-            log.warning(
-                "step %d: non-finite gradients, update skipped (%d in a row)", self.state.global_step + 1,
-                self.skipped_in_row,
-            )  # fmt: skip
-            return
-        local = torch.tensor([float(losses[n]) if n in losses else 0.0 for n in self.names], dtype=torch.float64)
-        bad = [n for n, v in zip(self.names, all_reduce_sum(local).tolist(), strict=True) if not math.isfinite(v)]
-        last = latest_checkpoint(self.checkpoints)
-        raise ConfigError(
-            f"training diverged: non-finite gradients at step {self.state.global_step + 1}"
-            f"{f' ({self.skipped_in_row} steps in a row)' if tolerated else ''}; non-finite loss in: "
-            f"{', '.join(bad) or 'none (the gradients overflowed)'}. The last good checkpoint is "
-            f"{last or 'not written yet'}. Lower train.lr, set train.grad_clip, use train.precision=bf16 or fp32, "
-            "or train.on_nonfinite=skip to drop such steps."
-        )
+    def _last_checkpoint(self):
+        return latest_checkpoint(self.checkpoints)
+
+    def _settle(self) -> None:
+        """Judge the steps since the last boundary (may raise: training diverged)."""
+        self.nonfinite.settle(self._last_checkpoint)
 
     # -- validation, logging, stopping ---------------------------------------------------------------------
 
     def _validate(self, sinks: MetricSinks) -> None:
         if not self.val_tasks:
             return
+        self._settle()  # best.pt is a checkpoint too
         s, cfg = self.state, self.cfg.train
         val, score = validation_scores(
             self.model, self.val_tasks, self.env, cfg.eval_batch_size, self.weights, cfg.val_metric
@@ -469,6 +465,7 @@ class Trainer:
         return self.state.epoch + self.state.step_in_epoch / self.steps
 
     def _log(self, window: LossWindow, sinks: MetricSinks, bar: Progress) -> None:
+        self._settle()
         mean, throughput = window.take()
         s = self.state
         record = {
