@@ -62,7 +62,10 @@ class DeviceTask:
 
     def gather(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
         """The batch of items ``indices`` (a device int64 tensor), laid out as the dataset lays it out."""
-        batch = self._windows(indices) if self.windowed else {"x": self.tensors[0][indices], "y": self.tensors[1][indices]}
+        if self.windowed:
+            batch = self._windows(indices)
+        else:
+            batch = {"x": self.tensors[0][indices], "y": self.tensors[1][indices]}
         if self.latents is not None:
             batch["z"] = self.latents[indices]
         return batch

@@ -9,7 +9,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from train.config import Config
-from train.data.device_data import DeviceLoader, DeviceTask, Placement, placement
 from train.data.dataset import (
     EqualBatchSampler,
     LatentDataset,
@@ -18,11 +17,12 @@ from train.data.dataset import (
     training_dataset,
     worker_seeding,
 )
+from train.data.device_data import DeviceLoader, DeviceTask, Placement, placement
 from train.disk import human
 from train.distributed.env import DistEnv
 from train.engine.objective import target_frames
-from train.model.factory import build_model
 from train.errors import ConfigError
+from train.model.factory import build_model
 from train.model.specs import TaskData
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
 def build_optimizer(
     parameters: Iterable[torch.nn.Parameter], cfg: TrainConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    """AdamW (fused where the parameters allow) over the trainable ``parameters`` and a warm-up + cosine schedule over ``total_steps`` (the warm-up
-    is capped at half of them, so a short run still decays)."""
+    """AdamW (fused where the parameters allow) over the trainable ``parameters`` and a warm-up + cosine schedule
+    over ``total_steps`` (the warm-up is capped at half of them, so a short run still decays)."""
     trained = [p for p in parameters if p.requires_grad]
     # The fused kernel: a few launches per step instead of several per parameter, and an update it can be told
     # to skip on the device (train.engine.nonfinite). It takes real floating-point parameters only.

@@ -39,7 +39,7 @@ from train.checkpoint import (
     save_checkpoint,
 )
 from train.config import Config
-from train.distributed.collectives import all_reduce_sum, broadcast_from_main
+from train.distributed.collectives import broadcast_from_main
 from train.distributed.env import DistEnv
 from train.distributed.shared_checkpoint import shared_checkpoint
 from train.engine.evaluate import validation_scores
@@ -53,16 +53,16 @@ from train.engine.loaders import (
     training_loaders,
 )
 from train.engine.loss import LossWindow, task_loss
-from train.engine.objective import Unroll, draw_steps, unrolled_targets
 from train.engine.nonfinite import NonFiniteSteps, skip_on_device
+from train.engine.objective import Unroll, draw_steps, unrolled_targets
 from train.engine.optim import build_optimizer
 from train.engine.setup import (
+    captures_graphs,
     check_no_dead_parameters,
     compile_enabled,
     compile_errors,
     compile_model,
     compiled_graphs,
-    captures_graphs,
     no_sync,
     resolve_precision,
     unused_parameters,
