@@ -18,6 +18,7 @@ from train.launch.doctor import (
     WARN,
     Facts,
     check_data,
+    check_device_data,
     check_gpus,
     check_memlock,
     check_remote,
@@ -41,6 +42,7 @@ def facts(gpus: int = 0, environ: dict | None = None, shm: tuple[int, int] | Non
         memlock=kw.get("memlock", -1),
         container=kw.get("container"),
         nccl_available=gpus > 0,
+        gpu_memory=kw.get("gpu_memory", 80 << 30 if gpus else 0),
     )
 
 
@@ -210,6 +212,27 @@ def test_shm_just_above_the_need_warns():
     need = shm_need(cfg, 2, caches, "gloo")[0]
     assert check_shm(cfg, 2, caches, facts(shm=(need * 3 // 2, need * 3 // 2))).status == WARN
     assert check_shm(cfg, 2, caches, facts(shm=(need // 2, need // 2))).status == FAIL
+
+
+def test_the_doctor_counts_the_training_arrays_a_gpu_holds_and_says_no_gpu_on_cpu(tmp_path):
+    from tests.unit.test_dataset import _adv_cache, _darcy_cache
+    from train.data.dataset import WindowDataset
+    from train.data.device_data import dataset_bytes
+    from train.launch.capacity import device_data_need
+
+    cfg = config("tasks.advection1d.initial_step=2", "train.objective=one_step")
+    adv, darcy = _adv_cache(tmp_path), _darcy_cache(tmp_path)
+    caches = {"advection1d": adv, "darcy2d": darcy}
+    # What the trainer copies, counted from the cache's manifest before any dataset is opened.
+    arrays = dataset_bytes([WindowDataset(adv, "train", 2)]) + darcy.array("train", "x").nbytes * 2
+    assert device_data_need(cfg, caches) == arrays
+    assert "no GPU" in check_device_data(cfg, caches, facts()).detail
+    assert check_device_data(cfg, caches, facts(gpus=1)).status == PASS
+    small = facts(gpus=1, gpu_memory=arrays)  # half of it is the share
+    assert check_device_data(cfg, caches, small).status == WARN
+    forced = check_device_data(config("tasks.advection1d.initial_step=2", "train.objective=one_step",
+                                       "train.data_on_device=true"), caches, small)  # fmt: skip
+    assert forced.status == FAIL and "train.data_on_device_share" in forced.fix
 
 
 # --- data, memlock, the table ----------------------------------------------------------------------------------------

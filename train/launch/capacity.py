@@ -50,6 +50,26 @@ def shm_need(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None], ba
     return loaders + nccl, f"{human(loaders)} worker queues ({nproc} x {workers} workers) + {human(nccl)} NCCL"
 
 
+def device_data_need(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> int | None:
+    """Bytes one rank's device holds with train.data_on_device: every task's training arrays (float32) and its
+    window index (int64); None while a task has no cache yet."""
+    from train.data.cache.build import window_span
+    from train.engine.objective import target_frames
+
+    total = 0
+    for name, info in caches.items():
+        if info is None:
+            return None
+        if not info.autoregressive:
+            total += info.array("train", "x").nbytes + info.array("train", "y").nbytes
+            continue
+        task = cfg.tasks[name]
+        total += info.array("train").nbytes + (info.array("train", "const").nbytes if info.const_channels else 0)
+        span = window_span(task.initial_step, target_frames(cfg.train), task.window_stride)
+        total += 16 * info.sizes["train"] * max(0, info.n_frames - span + 1)
+    return total
+
+
 def _existing(path: Path) -> Path:
     """``path``, or its nearest ancestor that exists (where it would be created)."""
     path = path.absolute()

@@ -24,7 +24,7 @@ from train.data.cache.build import CacheInfo
 from train.disk import human, unwritable
 from train.errors import ConfigError, PreflightError, TrainError
 from train.launch.address import advertised_address, is_public
-from train.launch.capacity import MiB, find_caches, needs_by_filesystem, shm_need
+from train.launch.capacity import MiB, device_data_need, find_caches, needs_by_filesystem, shm_need
 from train.launch.topology import Topology, nproc_for, topology_from_environ
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,8 @@ class Facts:
     """Soft RLIMIT_MEMLOCK in bytes; -1 when unlimited."""
     container: str | None
     nccl_available: bool = False
+    gpu_memory: int = 0
+    """Bytes of memory of the first GPU; 0 without one."""
 
 
 def detect_container(environ: Mapping[str, str]) -> str | None:
@@ -97,6 +99,7 @@ def gather_facts() -> Facts:
         memlock=-1 if soft == resource.RLIM_INFINITY else soft,
         container=detect_container(os.environ),
         nccl_available=nccl,
+        gpu_memory=torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0,
     )
 
 
@@ -316,6 +319,29 @@ def check_shm(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None], f
     return Check("/dev/shm", PASS, f"{have}; needs {human(need)}")
 
 
+def check_device_data(cfg: Config, caches: Mapping[str, CacheInfo | None], facts: Facts) -> Check:
+    """What train.data_on_device will take from each rank's device (or why it reads through the loader)."""
+    setting, share = cfg.train.data_on_device, cfg.train.data_on_device_share
+    need = device_data_need(cfg, caches)
+    size = "their size is known once the caches are built" if need is None else f"{human(need)} per rank"
+    if setting is False:
+        return Check("data on device", PASS, "train.data_on_device=false: batches read through the loader")
+    if not facts.gpus:
+        where = "copied into each rank's host memory" if setting is True else "read through the loader"
+        return Check("data on device", PASS, f"no GPU: the training arrays ({size}) are {where}")
+    budget = share * facts.gpu_memory
+    have = f"{human(budget)} (train.data_on_device_share={share} of the GPU's {human(facts.gpu_memory)})"
+    if need is None:
+        return Check("data on device", PASS, f"training arrays: {size}; they may take {have}")
+    if need <= budget:
+        return Check("data on device", PASS, f"training arrays on each GPU: {size} of {have}")
+    fix = "set train.data_on_device=auto or false, or raise train.data_on_device_share"
+    if setting is True:
+        return Check("data on device", FAIL, f"training arrays take {size}, more than {have}", fix)
+    return Check("data on device", WARN, f"training arrays take {size}, more than {have}: read through the "
+                 "loader (slower)", "smaller or fewer tasks, or a larger train.data_on_device_share")  # fmt: skip
+
+
 def check_memlock(facts: Facts, topology: Topology | None) -> Check:
     if facts.memlock == -1:
         return Check("memlock", PASS, "unlimited")
@@ -452,6 +478,7 @@ def run_checks(
     checks = [check_versions(cfg, facts), check_container(facts), check_gpus(cfg, nproc, facts)]
     checks += [c for c in [check_slurm(cfg, nproc, facts)] if c is not None]
     checks += [rendezvous, check_shm(cfg, n or 1, caches, facts), check_folders(cfg), check_disk(cfg, caches)]
+    checks.append(check_device_data(cfg, caches, facts))
     checks += [check_data(cfg, facts)] if data else []
     checks += [c for c in [check_remote(cfg)] if c is not None] if data else []
     checks.append(check_memlock(facts, topology))
