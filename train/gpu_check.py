@@ -1,18 +1,25 @@
-"""``python -m train.gpu_check`` (``make gpu-check``): what only a GPU can show, in a few minutes on one GPU.
+"""``python -m train.gpu_check`` (``make gpu-check``): what only a GPU can show, on one GPU.
 
-Each check prints one PASS/FAIL line and writes a JSON record under ``runs/gpu-check/``:
+Each check prints one PASS/FAIL line and writes a JSON record under ``runs/gpu-check/``. By default:
 
 - ``smoke``: the smoke test (collectives on NCCL, DDP steps against one process, checkpoint, torch.compile);
 - ``fno_bf16``: the FNO's spectral layers under bf16 autocast against fp32 (the FFTs must run in fp32);
-- ``fno_compile``: the default FNO trained with bf16 autocast, compiled and eager: final losses close;
-- ``unet_syncbn``: the U-Net with batch normalisation made synchronous, trained on two ranks of one GPU;
 - ``resume``: a run SIGKILLed after a checkpoint and resumed ends bitwise equal to an uninterrupted one;
-- ``speed``: step time, GPU utilisation, data wait and peak GPU memory of the default config and of the scale
-  benchmark's published-size advection file (10,000 x 201 x 1024, 8.2 GB, mapped in place);
-- ``ceiling``: the default FNOs' step with their data already on the GPU (train.bench.gpu_ceiling), the ceiling
-  the trainer's figures are measured against.
+- ``perf``: configs/gpu.yaml's advection task (PDEBench's published size, generated on first use): samples/s and
+  GPU busy across batch sizes, data on the device or through the loader, eager, compiled or graphed; the trainer
+  against a bare loop over the same data; neuraloperator's own Trainer on the same data (train.bench.gpu_perf,
+  train.bench.gpu_peer);
+- ``no_sync``: 50 steady trainer steps under ``torch.cuda.set_sync_debug_mode("error")``;
+- ``accuracy``: that task trained for GPU_CHECK_TRAIN_S seconds (240): test nRMSE next to PDEBench's published
+  FNO, validation nRMSE against training time, GPU busy and data wait.
 
-Without a CUDA device it says so and exits 0 having run nothing. Exit 1 when a check fails.
+By name only (``GPU_CHECKS="fno_compile ceiling"``, or ``all``): ``fno_compile`` (the default FNO compiled and
+eager, bf16: final losses close), ``unet_syncbn`` (the U-Net, batch normalisation synchronous with two GPUs or
+more), ``speed`` (the default config and the published-size file through the loader, the figures before data on
+the device) and ``ceiling`` (train.bench.gpu_ceiling: the FNO's bare step on random data).
+
+Without a CUDA device it says so and exits 0 having run nothing. Exit 1 when a check fails, 2 for an unknown
+check.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ class GpuUtilisation:
 
     def __init__(self) -> None:
         self.samples: list[float] = []
+        self.times: list[float] = []  # time.monotonic() of each sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -67,6 +75,7 @@ class GpuUtilisation:
                     capture_output=True, text=True, timeout=5,
                 )  # fmt: skip
                 self.samples.append(float(out.stdout.split()[0]))
+                self.times.append(time.monotonic())
             except (OSError, ValueError, IndexError, subprocess.SubprocessError):
                 return
 
@@ -82,6 +91,11 @@ class GpuUtilisation:
         """Mean utilisation over the samples after the first nonzero one (start-up and compiling excluded)."""
         started = next((i for i, v in enumerate(self.samples) if v > 0), None)
         return None if started is None else sum(self.samples[started:]) / len(self.samples[started:])
+
+    def busy_between(self, start: float, stop: float) -> float | None:
+        """Mean utilisation of the samples taken between two ``time.monotonic()`` times."""
+        inside = [v for t, v in zip(self.times, self.samples, strict=True) if start <= t <= stop]
+        return sum(inside) / len(inside) if inside else None
 
 
 def check_smoke() -> dict:
@@ -226,15 +240,134 @@ def check_ceiling() -> dict:
     return {"passed": not any("error" in r for r in rows), "best_advection1d": best, "rows": rows}
 
 
+TODAY_SAMPLES_PER_S = 2863
+"""The trainer on the published-size advection file before its data was gathered on the device (batch 64, H200)."""
+PDEBENCH_FNO_NRMSE = 7.7e-3
+"""PDEBench's published FNO test nRMSE on 1D advection (beta 0.1), after 500 epochs."""
+
+
+def _bench():
+    import torch
+
+    from train.bench.gpu_perf import Bench
+
+    return Bench(OUT / "perf", torch.device("cuda"))
+
+
+def _gpu_batch() -> int:
+    import yaml
+
+    return yaml.safe_load(Path("configs/gpu.yaml").read_text())["tasks"]["advection1d"]["batch_size"]
+
+
+def check_perf() -> dict:
+    from train.bench.gpu_peer import peer
+    from train.bench.gpu_perf import against_bare, best, sweep
+
+    bench, batch = _bench(), _gpu_batch()
+    rows = sweep(bench, budget_s=float(os.environ.get("GPU_CHECK_SWEEP_S", 150)))
+    bare = against_bare(bench, batch, "reduce-overhead")
+    peers = []
+    for mixed in (False, True):
+        try:
+            peers.append(peer(bench, batch, mixed))
+        except Exception as e:  # neuraloperator missing or failing: that row says so
+            peers.append({"batch": batch, "mixed_precision": mixed, "error": f"{type(e).__name__}: {e}"[:300]})
+    fastest, ours = best(rows, data="device"), best(rows, batch=batch, data="device")
+    peer_best = max((p["samples_per_s"] for p in peers if "samples_per_s" in p), default=None)
+    return {
+        "passed": not any("error" in r for r in rows) and "ratio" in bare,
+        "fastest": fastest,
+        "at_gpu_yaml_batch": ours,
+        "trainer_vs_bare": bare,
+        "peer": peers,
+        "targets": {
+            f"samples/s >= 10 x {TODAY_SAMPLES_PER_S}": bool(fastest and fastest["samples_per_s"] >= 10 * 2863),
+            "trainer/bare <= 1.05": bare["ratio"] <= 1.05,
+            "more samples/s than the peer at equal batch": bool(
+                ours and peer_best and ours["samples_per_s"] > peer_best
+            ),
+        },
+        "sweep": rows,
+    }
+
+
+def check_no_sync() -> dict:
+    from train.bench.gpu_perf import no_sync
+
+    return no_sync(_bench(), _gpu_batch(), "reduce-overhead")
+
+
+def check_accuracy() -> dict:
+    """configs/gpu.yaml's advection task trained for GPU_CHECK_TRAIN_S seconds (240 by default; the step count
+    from the perf check's samples/s where it ran): validation nRMSE against training time, then the test nRMSE."""
+    import yaml
+
+    from train.bench.gpu_perf import advection_config
+
+    budget = float(os.environ.get("GPU_CHECK_TRAIN_S", 240))
+    config = advection_config(OUT / "perf", toy=False)
+    batch = _gpu_batch()
+    perf = json.loads((OUT / "perf.json").read_text()) if (OUT / "perf.json").is_file() else {}
+    measured = (perf.get("at_gpu_yaml_batch") or {}).get("samples_per_s")
+    rate = measured or 100_000.0  # the ceiling table's order at batch 1,024 when the perf check did not run
+    per_epoch = 1000
+    epochs = max(1, round(budget * rate / batch / per_epoch))
+    settings = [
+        f"--set=train.epochs={epochs}",
+        f"--set=train.steps_per_epoch={per_epoch}",
+        "--set=train.val_every=null",
+    ]
+    with GpuUtilisation() as gpu:
+        proc = _run([*TRAIN, "run", "--config", str(config), "--nproc", "1", *settings, "--run", "accuracy",
+                     *_folders("perf")], timeout=budget * 3 + 300)  # fmt: skip
+    records = _metrics("perf", "accuracy")
+    if proc.returncode != 0:
+        return {"passed": False, "exit": proc.returncode, "tail": _tail(proc)}
+    trained, curve, windows = 0.0, [], [r for r in records if "step_time_s" in r]
+    log_every = yaml.safe_load(config.read_text())["train"]["log_every"]
+    for r in records:
+        if "step_time_s" in r:
+            trained += r["step_time_s"] * log_every
+        if "val_nrmse" in r:
+            curve.append({"step": r["step"], "train_s": round(trained, 1), "val_nrmse": r["val_nrmse"]})
+    summary = json.loads((OUT / "perf" / "runs" / "accuracy" / "report" / "summary.json").read_text())
+    test = summary["advection1d"]["nrmse"]
+    steady = windows[1:]
+    data_wait = sum(r["data_wait"] for r in steady) / len(steady) if steady else None
+    busy = gpu.busy()
+    return {
+        "passed": True,
+        "test_nrmse": test,
+        "pdebench_fno_nrmse": PDEBENCH_FNO_NRMSE,
+        "train_s": round(trained, 1),
+        "steps": epochs * per_epoch,
+        "batch": batch,
+        "val_nrmse_against_time": curve,
+        "data_wait": data_wait,
+        "gpu_busy_pct": busy,
+        "targets": {
+            "test nRMSE <= 1e-2 within 5 minutes": test <= 1e-2 and trained <= 300,
+            "GPU busy >= 80%": busy is not None and busy >= 80,
+            "data wait <= 2%": data_wait is not None and data_wait <= 0.02,
+        },
+    }
+
+
 CHECKS = {
     "smoke": check_smoke,
     "fno_bf16": check_fno_bf16,
+    "resume": check_resume,
+    "perf": check_perf,
+    "no_sync": check_no_sync,
+    "accuracy": check_accuracy,
+    # By name only (GPU_CHECKS=...): the older figures the ones above supersede, and the slower checks.
     "fno_compile": check_fno_compile,
     "unet_syncbn": check_unet_syncbn,
-    "resume": check_resume,
     "speed": check_speed,
     "ceiling": check_ceiling,
 }
+DEFAULT = ("smoke", "fno_bf16", "resume", "perf", "no_sync", "accuracy")
 
 
 def main(argv: list[str]) -> int:
@@ -244,7 +377,11 @@ def main(argv: list[str]) -> int:
         print("gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing was run")
         return 0
     OUT.mkdir(parents=True, exist_ok=True)
-    names = argv or list(CHECKS)
+    names = list(CHECKS) if argv == ["all"] else argv or list(DEFAULT)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        print(f"gpu-check: unknown check(s) {', '.join(unknown)}; the checks: {', '.join(CHECKS)}")
+        return 2
     device = torch.cuda.get_device_name(0)
     print(f"gpu-check on {device}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
     failed = []

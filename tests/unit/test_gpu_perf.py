@@ -1,0 +1,48 @@
+"""The GPU check's measurements (train.bench.gpu_perf, gpu_peer) at toy size on the CPU: the code a GPU machine
+runs stays working where none is. Their figures are the GPU's to give (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from train.bench.gpu_perf import Bench, against_bare, no_sync, sweep
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("gpu-perf")  # the toy data, generated once
+
+
+@pytest.fixture
+def bench(folder):
+    made = Bench(folder, CPU)
+    yield made
+    made.close()
+
+
+def test_the_sweep_measures_the_trainer_on_both_data_paths(bench):
+    rows = sweep(bench, budget_s=300)
+    assert {(r["batch"], r["data"]) for r in rows} == {(b, d) for b in (4, 8) for d in ("device", "loader")}
+    assert all(r["samples_per_s"] > 0 and 0 <= r["data_wait"] < 1 for r in rows), rows
+
+
+def test_the_trainer_and_the_bare_loop_run_the_same_steps(bench):
+    result = against_bare(bench, 4, None, repeats=1)
+    assert result["ratio"] > 0 and result["repeats"][0]["bare"]["samples_per_s"] > 0
+
+
+def test_the_sync_check_counts_its_steady_steps(bench):
+    assert no_sync(bench, 4, None) == {"passed": True, "steps_checked": 50, "batch": 4, "mode": "eager",
+                                       "checked_on": "cpu"}  # fmt: skip
+
+
+def test_the_peer_is_neuraloperators_own_trainer_on_the_same_windows(bench):
+    pytest.importorskip("neuralop", reason="neuraloperator is a test-only dependency: pip install '.[dev]'")
+    from train.bench.gpu_peer import peer, windows
+
+    x, y = windows(bench, 6)
+    assert x.shape == (6, 10, 64) and y.shape == (6, 1, 64)
+    assert peer(bench, 2, False, batches=2)["samples_per_s"] > 0

@@ -1,0 +1,258 @@
+"""What a user of one GPU compares, measured with the trainer itself (``make gpu-check GPU_CHECKS=perf``):
+
+- ``sweep``: samples/s and GPU busy of configs/gpu.yaml's advection FNO across batch sizes (32 to 4,096), its
+  data gathered on the device or read through the loader, eager, compiled (``default``) or graphed
+  (``reduce-overhead``, CUDA graphs: one process, no DDP);
+- ``against_bare``: the trainer against a bare loop holding the same data on the device (same model, batches,
+  optimizer, loss, clipping and precision), alternated in this process: the ratio of their step times;
+- ``no_sync``: 50 steady steps of the trainer under ``torch.cuda.set_sync_debug_mode("error")``: any operation
+  that makes the host wait for the GPU inside a step raises.
+
+Each trainer run is the real :class:`~train.engine.trainer.Trainer` of one process (a process group of one),
+its figures the metrics records it writes; the data is gpu.yaml's advection task at PDEBench's published size.
+On a CPU the same code runs at toy sizes (tests keep it working).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch._dynamo
+import torch.distributed as dist
+import yaml
+
+from train.config import Config, load_config
+from train.distributed.env import DistEnv, init_distributed
+from train.run_dir import RunDir
+
+REPO = Path(__file__).resolve().parents[2]
+TASK = "advection1d"
+BATCHES = (32, 128, 512, 1024, 4096)
+TOY_BATCHES = (4, 8)
+COMPILED = (("compiled", "default"), ("graphed", "reduce-overhead"))
+
+
+def advection_config(out: Path, toy: bool) -> Path:
+    """configs/gpu.yaml with its advection task alone (Darcy's 10,000 solves would take longer than the check);
+    at toy size on a CPU."""
+    config = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())
+    task = config["tasks"][TASK]
+    if toy:
+        task.update(n_samples=24, resolution=64, spatial_stride=1)
+    config["tasks"] = {TASK: task}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "advection.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+class Records:
+    """A metrics sink that keeps each record with the wall time it was written at."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[float, dict]] = []
+
+    def write(self, record: dict) -> None:
+        self.records.append((time.monotonic(), record))
+
+    def close(self) -> None:
+        pass
+
+    def steady(self) -> list[tuple[float, dict]]:
+        """The training windows after the first (which holds compiling and the first batches)."""
+        return [(t, r) for t, r in self.records if "samples_per_s" in r][1:]
+
+
+class Bench:
+    """One process group of one on ``device``, the prepared data, and runs of the trainer or the bare loop."""
+
+    def __init__(self, out: Path, device: torch.device):
+        from train.data.acquire.sources import stage_data
+        from train.pipeline import stage_cache
+
+        self.out, self.device, self.toy = out, device, device.type != "cuda"
+        self.config = advection_config(out, self.toy)
+        self.folders_overrides = [f"run.{d}_dir={out / d}" for d in ("data", "cache", "runs")]
+        cfg = self.cfg("prepare", [])
+        self.folders = stage_cache(cfg, stage_data(cfg))
+        self.owns_group = not dist.is_initialized()
+        self.env = init_distributed(DistEnv(0, 0, 1, 1, "nccl" if device.type == "cuda" else "gloo", device), 300)
+
+    def close(self) -> None:
+        """Leave the process group this bench made (a later Bench in the process makes its own)."""
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def cfg(self, name: str, overrides: list[str]) -> Config:
+        return load_config(self.config, [*self.folders_overrides, *overrides], run_name=name)
+
+    def run_dir(self, cfg: Config) -> RunDir:
+        run = RunDir.of(cfg)
+        shutil.rmtree(run.root, ignore_errors=True)
+        run.prepare(cfg)
+        run.write_inputs(self.folders)
+        return run
+
+    def settings(self, batch: int, steps: int, *, on_device: bool, mode: str | None, objective: str) -> list[str]:
+        log_every = max(1, steps // 4)
+        compiled = [f"compile.mode={mode}"] if mode else ["compile.enabled=false"]
+        return [
+            f"tasks.{TASK}.batch_size={batch}", "train.epochs=1", f"train.steps_per_epoch={steps + log_every}",
+            f"train.log_every={log_every}", "train.val_every=1000000", "train.checkpoint_every=null",
+            f"train.data_on_device={str(on_device).lower()}", f"train.objective={objective}", *compiled,
+            *(["train.precision=fp32"] if self.toy else []),
+        ]  # fmt: skip
+
+    def trainer(self, name: str, overrides: list[str], during=None) -> dict:
+        """One fit of the trainer; samples/s, step time and data wait of its steady windows, GPU busy then."""
+        from train.engine.trainer import Trainer
+        from train.gpu_check import GpuUtilisation
+
+        cfg = self.cfg(name, overrides)
+        run = self.run_dir(cfg)
+        records = Records()
+        trainer = Trainer(cfg, self.env, run.load_tasks(cfg), run)
+        if during is not None:
+            during(trainer)
+        with GpuUtilisation() if self.device.type == "cuda" else contextlib.nullcontext() as gpu:
+            trainer.fit(records)
+        steady = records.steady()
+        del trainer
+        self._free()
+        if not steady:
+            raise RuntimeError(f"{name}: no steady metrics window (raise the steps)")
+        began = steady[0][0] - steady[0][1]["step_time_s"] * cfg.train.log_every
+        return {
+            "samples_per_s": statistics.median(r["samples_per_s"] for _, r in steady),
+            "step_ms": 1e3 * statistics.median(r["step_time_s"] for _, r in steady),
+            "data_wait": statistics.fmean(r["data_wait"] for _, r in steady),
+            "gpu_busy_pct": gpu.busy_between(began, steady[-1][0]) if gpu is not None else None,
+        }
+
+    def bare(self, overrides: list[str], steps: int) -> dict:
+        """The bare loop over the same model, batches (the trainer's sampler), optimizer, loss and precision."""
+        from train.data.dataset import EqualBatchSampler
+        from train.data.device_data import DeviceTask
+        from train.engine.loaders import _dataset, initial_model
+        from train.engine.loss import task_loss
+        from train.engine.optim import build_optimizer
+        from train.engine.setup import compile_model, resolve_precision
+
+        cfg = self.cfg("bare", overrides)
+        run = self.run_dir(cfg)
+        (task,) = run.load_tasks(cfg)
+        model = initial_model(cfg, [task], self.device)
+        forward = compile_model(model, cfg.compile, self.env)
+        optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, 10 * steps)
+        precision = resolve_precision(cfg.train.precision, self.device)
+        data = DeviceTask(_dataset(task), self.device)
+        warmup, batch = cfg.train.log_every, cfg.tasks[TASK].batch_size
+        sampler = EqualBatchSampler(len(_dataset(task)), batch, warmup + steps, 0, 1, cfg.run.seed, 0)
+        rows = torch.as_tensor(list(sampler), device=self.device)
+        graphed = cfg.compile.enabled is not False and cfg.compile.mode == "reduce-overhead"
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        began = 0.0
+        for step in range(warmup + steps):
+            if step == warmup:
+                sync()
+                began = time.perf_counter()
+            if graphed and self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            b = data.gather(rows[step])
+            with precision.autocast():
+                prediction = forward({TASK: b["x"]})[TASK]
+            task_loss(prediction, b["y"]).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        sync()
+        step_s = (time.perf_counter() - began) / steps
+        del model, forward, optimizer, data
+        self._free()
+        return {"samples_per_s": batch / step_s, "step_ms": 1e3 * step_s}
+
+    def _free(self) -> None:
+        torch._dynamo.reset()  # the next model is a new one: nothing of this one's graphs is reused
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def sweep(bench: Bench, budget_s: float) -> list[dict]:
+    """samples/s and GPU busy per batch size: device vs loader eagerly, then compiled and graphed on the device
+    (the largest batches first left out when the budget runs out)."""
+    batches = TOY_BATCHES if bench.toy else BATCHES
+    plan = [(b, on, None) for b in batches for on in (True, False)]
+    plan += [(b, True, mode) for b in batches[-3:] for mode in COMPILED] if not bench.toy else []
+    rows, began = [], time.monotonic()
+    steps = 8 if bench.toy else 200
+    for batch, on_device, mode in plan:
+        name = mode[0] if mode else "eager"
+        row = {"batch": batch, "data": "device" if on_device else "loader", "mode": name}
+        if time.monotonic() - began > budget_s:
+            rows.append({**row, "skipped": f"over the {budget_s:.0f} s budget"})
+            continue
+        settings = bench.settings(batch, steps, on_device=on_device, mode=mode[1] if mode else None,
+                                  objective="pushforward")  # fmt: skip
+        try:
+            rows.append({**row, **bench.trainer(f"sweep-{name}-{row['data']}-{batch}", settings)})
+        except Exception as e:  # one row's failure (out of memory, a compile error) is that row's
+            rows.append({**row, "error": f"{type(e).__name__}: {e}"[:300]})
+    return rows
+
+
+def against_bare(bench: Bench, batch: int, mode: str | None, repeats: int = 2) -> dict:
+    """The trainer and the bare loop alternately (one_step: the bare loop has no rollouts), data on the device."""
+    steps = 8 if bench.toy else 300
+    settings = bench.settings(batch, steps, on_device=True, mode=mode, objective="one_step")
+    pairs = []
+    for i in range(repeats):
+        ours = bench.trainer(f"against-bare-{i}", settings)
+        bare = bench.bare(settings, steps)
+        pairs.append({"trainer": ours, "bare": bare, "ratio": ours["step_ms"] / bare["step_ms"]})
+    return {"batch": batch, "mode": mode or "eager", "ratio": statistics.median(p["ratio"] for p in pairs),
+            "repeats": pairs}  # fmt: skip
+
+
+def no_sync(bench: Bench, batch: int, mode: str | None, checked: int = 50, warmup: int = 20) -> dict:
+    """``checked`` steady steps of the trainer (log_every beyond them) with any host-device sync an error."""
+    settings = bench.settings(batch, warmup + checked + 10, on_device=True, mode=mode, objective="pushforward")
+    settings += [f"train.log_every={warmup + checked + 10}"]
+    seen = {"steps": 0, "checked": 0}
+
+    def arm(trainer) -> None:
+        step = trainer.train_step
+
+        def counted(streams):
+            if seen["steps"] == warmup and bench.device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                return step(streams)
+            finally:
+                seen["steps"] += 1
+                if warmup < seen["steps"] <= warmup + checked:
+                    seen["checked"] += 1
+                if seen["steps"] == warmup + checked and bench.device.type == "cuda":
+                    torch.cuda.set_sync_debug_mode(0)
+
+        trainer.train_step = counted
+
+    try:
+        bench.trainer("no-sync", settings, during=arm)
+    except RuntimeError as e:
+        if bench.device.type == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+        return {"passed": False, "steps_checked": seen["checked"], "error": str(e)[:1500]}
+    return {"passed": seen["checked"] == checked, "steps_checked": seen["checked"], "batch": batch,
+            "mode": mode or "eager", "checked_on": str(bench.device)}  # fmt: skip
+
+
+def best(rows: list[dict], **match) -> dict | None:
+    """The row with the most samples/s among those matching ``match``."""
+    found = [r for r in rows if "samples_per_s" in r and all(r.get(k) == v for k, v in match.items())]
+    return max(found, key=lambda r: r["samples_per_s"], default=None)
