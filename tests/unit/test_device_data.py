@@ -142,3 +142,19 @@ def test_a_fused_adamw_told_of_a_bad_step_leaves_weights_and_state_as_they_were(
     optimizer.step()
     assert torch.equal(weight, before[0])
     assert all(torch.equal(v, before[1][k]) for k, v in optimizer.state[weight].items())
+
+
+def test_validation_and_test_trajectories_held_on_the_device_read_as_from_the_cache(tmp_path):
+    from train.data.device_data import hold_splits
+    from train.model.specs import TaskData, task_spec
+
+    info = _adv_cache(tmp_path)
+    task = TaskData("adv", info, task_spec(info, TaskConfig(pde="advection1d", initial_step=2)))
+    rows = np.array([1, 0])  # val and test hold 2 trajectories each
+    want = {split: task.trajectories(split, rows) for split in ("val", "test")}
+    one = task.trajectories("val", [0]).nbytes
+    assert hold_splits([task], CPU, budget=info.sizes["val"] * one) == info.sizes["val"] * one  # test does not fit
+    assert set(task.resident) == {"val"}
+    assert hold_splits([task], CPU, budget=1 << 30) > 0 and set(task.resident) == {"val", "test"}
+    for split, expected in want.items():
+        assert torch.equal(task.trajectories(split, rows), expected)

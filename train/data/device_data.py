@@ -102,6 +102,28 @@ class DeviceLoader:
         return (self.task.gather(row) for row in self._rows)
 
 
+def hold_splits(tasks: list, device: torch.device, budget: int) -> int:
+    """Hold the val and test trajectories of autoregressive tasks on ``device`` (TaskData.resident), split by
+    split while they fit in ``budget`` bytes; returns the bytes held. Evaluation then reads them there."""
+    held = 0
+    for task in tasks:
+        if not task.spec.autoregressive:
+            continue
+        for split in ("val", "test"):
+            n = task.info.sizes[split]
+            first = task.trajectories(split, [0]) if n else None
+            if first is None or held + n * first.nbytes > budget:
+                continue
+            out = torch.empty((n, *first.shape[1:]), dtype=first.dtype, device=device)
+            rows = max(1, CHUNK_BYTES // first.nbytes)
+            for start in range(0, n, rows):
+                stop = min(n, start + rows)
+                out[start:stop].copy_(task.trajectories(split, np.arange(start, stop)))
+            task.resident[split] = out
+            held += out.nbytes
+    return held
+
+
 @dataclass(frozen=True)
 class Placement:
     """Whether the training data goes on the device, and why (logged once)."""

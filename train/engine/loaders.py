@@ -17,7 +17,7 @@ from train.data.dataset import (
     training_dataset,
     worker_seeding,
 )
-from train.data.device_data import DeviceLoader, DeviceTask, Placement, placement
+from train.data.device_data import DeviceLoader, DeviceTask, Placement, hold_splits, placement
 from train.disk import human
 from train.distributed.env import DistEnv
 from train.engine.objective import target_frames
@@ -81,6 +81,10 @@ def training_loaders(
             persistent_workers=cfg.train.num_workers > 0,
             pin_memory=env.device.type == "cuda",
         )
+    if where.on_device:
+        budget = int(cfg.train.data_on_device_share * where.free) - where.nbytes
+        held = hold_splits(tasks, env.device, budget)
+        log.info("validation and test trajectories held on the device: %s", human(held))
     return loaders, samplers
 
 

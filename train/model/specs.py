@@ -6,7 +6,7 @@ trainer and evaluation see a task as ``TaskData``: its cache, its spec and its o
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -78,10 +78,17 @@ class TaskData:
     """The frozen encoder's precomputed tokens of the training split, when the task names a latent_encoder."""
     window_outputs: int = 1
     """Frames predicted from each window in a Well task's windowed metrics (well.n_steps_output)."""
+    resident: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    """Splits whose trajectories (as :meth:`trajectories` reads them) are held on the device
+    (train.data_on_device); filled by the trainer where they fit."""
 
     def trajectories(self, split: str, index) -> torch.Tensor:
         """Trajectories ``index`` of ``split`` as the model reads them (constant channels on every frame), every
-        ``frame_stride``-th saved step: (b, t, *grid, in_channels), normalised."""
+        ``frame_stride``-th saved step: (b, t, *grid, in_channels), normalised; on the device where the split is
+        held there."""
+        held = self.resident.get(split)
+        if held is not None:
+            return held[torch.as_tensor(np.asarray(index), device=held.device)]
         traj = self.info.trajectories(split, index)[:, :: self.spec.frame_stride]
         return torch.from_numpy(np.ascontiguousarray(traj))
 
