@@ -265,7 +265,7 @@ def check_perf() -> dict:
     from train.bench.gpu_perf import against_bare, best, sweep
 
     bench, batch = _bench(), _gpu_batch()
-    rows = sweep(bench, budget_s=float(os.environ.get("GPU_CHECK_SWEEP_S", 150)))
+    rows = sweep(bench, float(os.environ.get("GPU_CHECK_SWEEP_S", 150)), batch)
     bare = against_bare(bench, batch, "reduce-overhead")
     peers = []
     for mixed in (False, True):

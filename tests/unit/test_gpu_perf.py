@@ -24,7 +24,7 @@ def bench(folder):
 
 
 def test_the_sweep_measures_the_trainer_on_both_data_paths(bench):
-    rows = sweep(bench, budget_s=300)
+    rows = sweep(bench, 300, batch=4)
     assert {(r["batch"], r["data"]) for r in rows} == {(b, d) for b in (4, 8) for d in ("device", "loader")}
     assert all(r["samples_per_s"] > 0 and 0 <= r["data_wait"] < 1 for r in rows), rows
 

@@ -364,3 +364,14 @@ def test_a_disk_too_small_for_source_cache_and_checkpoints_fails_with_the_number
     assert "10.0 GiB free" in check.detail and f"{tmp_path / 'data'} 15.3 GiB" in check.detail
     assert f"{tmp_path / 'cache'} 7.7 GiB" in check.detail and "needs about 23.0 GiB" in check.detail
     assert "+ a 256.0 MiB margin" in check.detail  # what the verdict counts is said: "20 MiB free, needs 1 MiB" failed
+
+
+def test_the_gpu_config_passes_the_doctor_on_a_cpu_with_a_no_gpu_note(tmp_path):
+    from train.launch.doctor import run_checks
+
+    cfg = load_config("configs/gpu.yaml", [f"run.{k}_dir={tmp_path / k}" for k in ("data", "cache", "runs")])
+    checks = {c.name: c for c in run_checks(cfg, None, facts(), {}, data=True)}
+    assert checks["nproc vs GPUs"].status == PASS and "no GPU" in checks["nproc vs GPUs"].detail
+    assert checks["data on device"].status == PASS and "no GPU" in checks["data on device"].detail
+    # The disk's verdict is the machine's (9.6 GiB of generated data); every other check passes.
+    assert all(c.status != FAIL for name, c in checks.items() if name != "disk"), render(list(checks.values()))

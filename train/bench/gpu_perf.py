@@ -183,12 +183,15 @@ class Bench:
             torch.cuda.empty_cache()
 
 
-def sweep(bench: Bench, budget_s: float) -> list[dict]:
-    """samples/s and GPU busy per batch size: device vs loader eagerly, then compiled and graphed on the device
-    (the largest batches first left out when the budget runs out)."""
+def sweep(bench: Bench, budget_s: float, batch: int) -> list[dict]:
+    """samples/s and GPU busy per batch size, in order of what matters most when the budget runs out: data on the
+    device eagerly at every batch size, graphed and compiled at ``batch`` (gpu.yaml's), the loader at every batch
+    size, then graphed and compiled at the other large batches."""
     batches = TOY_BATCHES if bench.toy else BATCHES
-    plan = [(b, on, None) for b in batches for on in (True, False)]
-    plan += [(b, True, mode) for b in batches[-3:] for mode in COMPILED] if not bench.toy else []
+    plan = [(b, True, None) for b in batches]
+    plan += [(batch, True, mode) for mode in COMPILED] if not bench.toy else []
+    plan += [(b, False, None) for b in batches]
+    plan += [(b, True, mode) for b in batches[-3:] if b != batch for mode in COMPILED] if not bench.toy else []
     rows, began = [], time.monotonic()
     steps = 8 if bench.toy else 200
     for batch, on_device, mode in plan:
