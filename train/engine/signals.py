@@ -5,9 +5,9 @@ boundary every rank posts its flag to an asynchronous MAX all-reduce and reads t
 boundary's: all ranks see the same value at the same step, so they stop together, and the reduction of one
 float overlaps with a whole training step instead of stalling it. The flag lives on the CPU and goes through
 gloo even when the gradients go through NCCL: read back from a GPU, it would make the host wait for the GPU at
-every step. Repeated signals change nothing: one stop
-often arrives twice (SLURM or `kill -- -PGID` signals every process, and torchrun's agent forwards its own
-copy); a rank that does not stop within dist.shutdown_timeout_s is killed by the agent.
+every step. Repeated signals change nothing: one stop often arrives twice (SLURM or `kill -- -PGID` signals
+every process, and torchrun's agent forwards its own copy); a rank that does not stop within
+dist.shutdown_timeout_s is killed by the agent.
 """
 
 from __future__ import annotations
