@@ -3,8 +3,8 @@
 #
 # Python: the project's .venv when it exists; otherwise, where the machine's python3 already has a CUDA build of
 # PyTorch (GPU images ship one matched to their driver), a venv on top of it (--system-site-packages) with this
-# package installed into it; otherwise `make install`. WHEELS=folder installs from wheels in that folder
-# alone, for machines with no package index.
+# package installed into it (and neuraloperator, the perf check's peer); otherwise `make install` (whose dev
+# extra has it). WHEELS=folder installs from wheels in that folder alone, for machines with no package index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -26,6 +26,10 @@ elif "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() el
   "$GPU_VENV/bin/python" -m pip install --quiet --no-build-isolation "${offline[@]}" -e . \
     || { echo "gpu-check: installing the package into $GPU_VENV failed (see above)" >&2; exit 1; }
   py=$GPU_VENV/bin/python
+  # The perf check's peer (neuraloperator's own Trainer); without it that one figure says why it is missing.
+  "$py" -c 'import neuralop' 2>/dev/null \
+    || "$py" -m pip install --quiet "${offline[@]}" "neuraloperator==2.0.0" \
+    || echo "gpu-check: neuraloperator 2.0.0 could not be installed; the perf check's peer figure is left out" >&2
 else
   make install
   py=$VENV/bin/python
