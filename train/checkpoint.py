@@ -263,10 +263,14 @@ def archive_checkpoints(folder: Path) -> Path | None:
     return archive
 
 
-def load_model_state(model: torch.nn.Module, state: dict[str, Any], path: Path) -> None:
-    """Load a checkpoint's weights into ``model``; weights of another model are a config error (exit 2)."""
+def load_model_state(model: torch.nn.Module, state: dict[str, Any], path: Path, load=None) -> None:
+    """Load a checkpoint's weights into ``model`` (``load(model, state)``: how, for a sharded model; default
+    ``model.load_state_dict``); weights of another model are a config error (exit 2)."""
     try:
-        model.load_state_dict(state)
+        if load is None:
+            model.load_state_dict(state)
+        else:
+            load(model, state)
     except RuntimeError as e:
         detail = " ".join(line.strip() for line in str(e).strip().splitlines()[:4])
         raise ConfigError(

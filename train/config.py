@@ -283,6 +283,11 @@ class ModelConfig(Section):
     """Settings of model.name=fno."""
     unet: UNetConfig = UNetConfig()
     """Settings of model.name=unet."""
+    shard_units: list[str] = []
+    """With dist.parallel=fsdp or hsdp: the submodules sharded as one unit each (gathered for their forward,
+    freed after), as module-name patterns ('blocks.*', 'encoder'). Default: a built-in model's own blocks (the
+    model table), and for a model of your own each direct child that holds parameters. The rest of the model
+    is sharded as the root unit."""
 
     @pydantic.field_validator("name")
     @classmethod
@@ -434,6 +439,14 @@ class DistConfig(Section):
     shutdown_timeout_s: int = Field(120, ge=1)
     """Seconds the ranks get to stop (and save a checkpoint) after the launcher forwards a SIGTERM or SIGUSR1,
     before they are killed."""
+    parallel: Literal["ddp", "fsdp", "hsdp"] = "ddp"
+    """How the model is spread over the ranks (train/distributed/parallel.py): 'ddp', a whole copy of weights,
+    gradients and optimizer state on every rank; 'fsdp', each of them sharded over all ranks (FSDP2's fully_shard:
+    about 1/ranks of the model state per rank, the weights gathered unit by unit for the forward and backward);
+    'hsdp', sharded within groups of dist.shard_group_size ranks and replicated across the groups."""
+    shard_group_size: int | None = Field(None, ge=1)
+    """With hsdp: the ranks one copy of the model is sharded over (it must divide the world size); default: the
+    ranks of one node, so that the gathers stay inside a node and only the gradient reduction crosses nodes."""
 
 
 class SlurmConfig(Section):
@@ -811,6 +824,7 @@ _RUNTIME_ONLY = (
     "obs.",
     "train.num_workers",
     "train.data_on_device",  # and its share: the same batches either way
+    "model.shard_units",  # how the model is spread, not what it is
     "train.find_unused_parameters",
     "train.accept_changed_model_source",
     "train.accept_changed_data",

@@ -74,13 +74,13 @@ def test_accumulated_micro_batches_give_the_gradient_of_one_large_batch(tmp_path
 def _fit(rank: int, run_dir, force_find_unused: bool | None, out) -> None:
     import torch.distributed as dist
 
-    import train.engine.trainer as trainer_module
+    import train.engine.parallel as parallel_module
     from train.errors import TrainError
     from train.obs.sinks import MetricSinks
 
     if force_find_unused is not None:
-        wrap = trainer_module.wrap_ddp
-        trainer_module.wrap_ddp = lambda model, env, find_unused: wrap(model, env, force_find_unused)
+        wrap = parallel_module.wrap_ddp
+        parallel_module.wrap_ddp = lambda model, env, find_unused: wrap(model, env, force_find_unused)
     trainer = None
     try:
         trainer = rank_trainer(run_dir)

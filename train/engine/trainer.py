@@ -42,6 +42,7 @@ from train.config import Config
 from train.distributed.collectives import broadcast_from_main
 from train.distributed.env import DistEnv
 from train.distributed.shared_checkpoint import shared_checkpoint
+from train.engine import parallel
 from train.engine.evaluate import validation_scores
 from train.engine.init_from import freeze, load_initial_weights
 from train.engine.loaders import (
@@ -63,10 +64,8 @@ from train.engine.setup import (
     compile_errors,
     compile_model,
     compiled_graphs,
-    no_sync,
     resolve_precision,
     unused_parameters,
-    wrap_ddp,
 )
 from train.engine.signals import StopRequest
 from train.engine.streams import EpochStreams, step_seed, task_draws
@@ -135,11 +134,13 @@ class Trainer:
         self.rolled_out = {t.name for t in tasks if t.spec.autoregressive and cfg.train.objective != "one_step"}
         self.unroll = bool(self.rolled_out)
         trained = Unroll(self.model, self.rolled_out) if self.unroll else self.model
-        self.ddp = wrap_ddp(trained, env, find_unused=self.weighted or cfg.train.find_unused_parameters)
+        self.precision = resolve_precision(cfg.train.precision, env.device)
+        find_unused = self.weighted or cfg.train.find_unused_parameters
+        self.ddp = parallel.wrap(trained, self.model, env, cfg, find_unused, self.precision)
+        self.sharded = parallel.is_sharded(self.model)
         self.forward = compile_model(self.ddp, cfg.compile, env)
         self.compiling = compile_enabled(cfg.compile, env.device)
         self.graphed = captures_graphs(cfg.compile, env)
-        self.precision = resolve_precision(cfg.train.precision, env.device)
         self.scaler = self.precision.scaler()
         self.steps = steps_per_epoch(cfg, tasks, env.world_size)
         self.micro = cfg.train.accumulate_steps
@@ -169,8 +170,8 @@ class Trainer:
         """A checkpoint's components (train.checkpoint's keys): model, optimizer, schedule, scaler, progress,
         and the config and task specs it was trained with."""
         return {
-            MODEL: self.model.state_dict(),
-            OPTIMIZER: self.optimizer.state_dict(),
+            MODEL: parallel.model_state(self.model),
+            OPTIMIZER: parallel.optimizer_state(self.model, self.optimizer),
             SCHEDULER: self.scheduler.state_dict(),
             **({SCALER: self.scaler.state_dict()} if self.scaler is not None else {}),
             PROGRESS: asdict(self.state),
@@ -184,8 +185,8 @@ class Trainer:
 
     def load_state_dict(self, saved: dict, path=None) -> None:
         """Continue from a checkpoint's components (as :meth:`state_dict` wrote them; ``path`` names it)."""
-        load_model_state(self.model, saved[MODEL], path or self.checkpoints)
-        self.optimizer.load_state_dict(saved[OPTIMIZER])
+        load_model_state(self.model, saved[MODEL], path or self.checkpoints, parallel.load_model)
+        parallel.load_optimizer(self.model, self.optimizer, saved[OPTIMIZER])
         self.scheduler.load_state_dict(saved[SCHEDULER])
         if self.scaler is not None and SCALER in saved:
             self.scaler.load_state_dict(saved[SCALER])
@@ -243,10 +244,17 @@ class Trainer:
         self._settle()  # no checkpoint holds a step whose non-finite gradients were not judged
         if self.env.is_main:
             self._check_mapped_sources()
-            save_checkpoint(
-                self.checkpoints, self.state.global_step, self.state_dict(), self.cfg.train.keep_checkpoints
-            )
+        state = self._gathered_state()
+        if self.env.is_main:
+            save_checkpoint(self.checkpoints, self.state.global_step, state, self.cfg.train.keep_checkpoints)
         dist.barrier()
+
+    def _gathered_state(self) -> dict | None:
+        """The checkpoint's components on rank 0 (None elsewhere); a sharded model's are gathered by every rank."""
+        if self.sharded or self.env.is_main:
+            state = self.state_dict()
+            return state if self.env.is_main else None
+        return None
 
     # -- the loop ------------------------------------------------------------------------------------------
 
@@ -347,7 +355,7 @@ class Trainer:
                 batches = streams.batches_at(position)
             last = m == self.micro - 1
             # Gradients are all-reduced only on the last micro-batch; the others accumulate locally.
-            with contextlib.nullcontext() if last else no_sync(self.ddp):
+            with contextlib.nullcontext() if last else parallel.no_sync(self.ddp):
                 losses = self._forward_backward(batches)
             for name, loss in losses.items():
                 sums[self.names.index(name)] += loss.detach()
@@ -407,7 +415,9 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-        norm = nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], clip)
+        norm = parallel.grad_norm(
+            nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], clip)
+        )
         # The gradients were all-reduced, so every rank computes the same norm and takes the same decision. It
         # stays on the device (train.engine.nonfinite): the update is skipped there and judged at the next boundary.
         bad = ~torch.isfinite(norm)
@@ -437,9 +447,10 @@ class Trainer:
             return
         self._settle()  # best.pt is a checkpoint too
         s, cfg = self.state, self.cfg.train
-        val, score = validation_scores(
-            self.model, self.val_tasks, self.env, cfg.eval_batch_size, self.weights, cfg.val_metric
-        )
+        with parallel.gathered(self.ddp):  # shards of the val split differ: no collective inside the forwards
+            val, score = validation_scores(
+                self.model, self.val_tasks, self.env, cfg.eval_batch_size, self.weights, cfg.val_metric
+            )
         improved = score < s.best_val - cfg.early_stop_min_delta
         if improved:
             s.best_val, s.bad_validations = score, 0
@@ -455,8 +466,9 @@ class Trainer:
             "validation at step %d: %s (%s %.4g%s)", s.global_step, ", ".join(f"{k} {v:.4g}" for k, v in val.items()),
             cfg.val_metric, score, ", best" if improved else f", {s.bad_validations} without improvement",
         )  # fmt: skip
+        state = self._gathered_state() if improved else None
         if improved and self.env.is_main:
-            save_best(self.checkpoints, self.state_dict())
+            save_best(self.checkpoints, state)
         if stop and not s.early_stopped:
             log.info("early stop at step %d: %d validations without improvement", s.global_step, s.bad_validations)
             s.early_stopped = True

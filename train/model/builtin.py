@@ -46,6 +46,8 @@ class BuiltIn:
     """``build(specs, settings)``: the model of these tasks, freshly initialised from torch's default generator."""
     summary: str
     """What it is, in a line."""
+    shard_units: tuple[str, ...] = ()
+    """Module-name patterns of its blocks, each sharded as one unit under dist.parallel=fsdp/hsdp."""
 
 
 MODELS: dict[str, BuiltIn] = {
@@ -53,9 +55,12 @@ MODELS: dict[str, BuiltIn] = {
         TransformerConfig,
         lambda specs, settings: MultiTaskSurrogate(specs, settings),
         "per-task patch encoders and decoders around one shared transformer processor",
+        ("codecs.*", "processor.layers.*"),
     ),
-    "fno": BuiltIn(FNOConfig, _per_task(FNO), "a Fourier neural operator per task, after PDEBench's FNO1d/2d/3d"),
-    "unet": BuiltIn(UNetConfig, _per_task(UNet), "a U-Net per task, after PDEBench's UNet1d/2d/3d"),
+    "fno": BuiltIn(
+        FNOConfig, _per_task(FNO), "a Fourier neural operator per task, after PDEBench's FNO1d/2d/3d", ("networks.*",)
+    ),
+    "unet": BuiltIn(UNetConfig, _per_task(UNet), "a U-Net per task, after PDEBench's UNet1d/2d/3d", ("networks.*",)),
 }
 assert tuple(MODELS) == BUILT_IN_MODELS, "the config validates model.name against these names"
 

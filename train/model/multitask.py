@@ -44,6 +44,9 @@ def unpatchify(tokens: torch.Tensor, grid: tuple[int, ...], patch: int) -> torch
 class TaskCodec(nn.Module):
     """Encoder (patches -> tokens, plus a learned position embedding) and decoder (tokens -> patches)."""
 
+    sharded_methods = ("tokens", "fields")
+    """Called by the model instead of forward: under dist.parallel=fsdp they gather this unit's weights."""
+
     def __init__(self, spec: TaskSpec, d_model: int):
         super().__init__()
         self.spec = spec

@@ -1,0 +1,257 @@
+"""How the model is spread over the ranks (dist.parallel): one row per strategy, as train.model.builtin is for
+models.
+
+- ``ddp``: DistributedDataParallel, a whole copy of weights, gradients and optimizer state on every rank (about
+  16 bytes per parameter under AdamW in fp32), gradients all-reduced in buckets during the backward;
+- ``fsdp``: FSDP2's ``fully_shard`` over all ranks: each unit's weights, gradients and optimizer state are
+  sharded (about 16/ranks bytes per parameter), its weights gathered for its forward and backward and freed
+  after, its gradients reduce-scattered;
+- ``hsdp``: the same sharding within groups of ``dist.shard_group_size`` ranks, replicated across the groups (a
+  2D device mesh: the gathers stay inside a group, only the gradient reduction crosses groups).
+
+Checkpoints are one format whatever the strategy: the full model and optimizer state (the optimizer's indexed by
+parameter position, as ``Optimizer.state_dict`` writes it), gathered from the shards onto rank 0's CPU when the
+model is sharded. A run therefore resumes under any strategy and world size (resharded as it loads), and
+every reader of a checkpoint (evaluation, Surrogate, predict, export, init_from, the remote mirror) reads one
+from a sharded run as it reads any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from train.config import Config
+from train.distributed.env import DistEnv
+from train.engine.setup import no_sync as ddp_no_sync
+from train.engine.setup import wrap_ddp
+from train.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way of spreading the model over the ranks."""
+
+    summary: str
+    wrap: Callable[..., nn.Module]
+    """``wrap(root, model, env, cfg, find_unused, precision)``: ``root`` (the model, or the rollout around it)
+    spread over the ranks; ``model`` is the bare model inside it (whose blocks are the sharded units)."""
+    sharded: bool
+    """Weights, gradients and optimizer state are sharded (FSDP2): state dicts are gathered by every rank."""
+    state_share: Callable[[int, int], float]
+    """``state_share(world_size, shard_group_size)``: the share of the model state (weights, gradients, optimizer
+    state) one rank holds."""
+
+
+def _ddp(root: nn.Module, model: nn.Module, env: DistEnv, cfg: Config, find_unused: bool, precision) -> nn.Module:
+    return wrap_ddp(root, env, find_unused)
+
+
+def _fsdp(root: nn.Module, model: nn.Module, env: DistEnv, cfg: Config, find_unused: bool, precision) -> nn.Module:
+    strategy = cfg.dist.parallel
+    if find_unused:
+        raise ConfigError(
+            f"dist.parallel={strategy} needs every rank to use every sharded unit in every step, but ranks may "
+            "skip parameters here (train.task_sampling=weighted or train.find_unused_parameters=true): use "
+            "dist.parallel=ddp, or task_sampling=all"
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    group = shard_group_size(cfg, env)
+    if strategy == "hsdp":
+        shape, dims = (env.world_size // group, group), ("replicate", "shard")
+    else:
+        shape, dims = (env.world_size,), ("shard",)
+    mesh = init_device_mesh(env.device.type, shape, mesh_dim_names=dims)
+    # bf16: weights gathered in bf16 for the compute, gradients reduced in fp32; the sharded master copy stays fp32.
+    bf16 = precision.dtype == torch.bfloat16
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+    units = shard_units(model, cfg)
+    for name in units:
+        unit = model.get_submodule(name)
+        fully_shard(unit, mesh=mesh, **({"mp_policy": policy} if policy else {}))
+        # A unit whose parent calls other methods than forward (the transformer's codecs: tokens, fields) names
+        # them: they gather its weights as forward does.
+        for method in getattr(unit, "sharded_methods", ()):
+            register_fsdp_forward_method(unit, method)
+    fully_shard(root, mesh=mesh, **({"mp_policy": policy} if policy else {}))
+    replicas = f", {env.world_size // group} replica(s)" if strategy == "hsdp" else ""
+    shown = ", ".join(units[:6]) + (" ..." if len(units) > 6 else "")
+    log.info("dist.parallel=%s: %d unit(s) sharded over %d rank(s)%s: %s", strategy, len(units) + 1, group, replicas,
+             shown)  # fmt: skip
+    return root
+
+
+PARALLEL: dict[str, Strategy] = {
+    "ddp": Strategy("a whole copy on every rank, gradients all-reduced", _ddp, False, lambda world, group: 1.0),
+    "fsdp": Strategy("sharded over all ranks (FSDP2)", _fsdp, True, lambda world, group: 1.0 / world),
+    "hsdp": Strategy(
+        "sharded within groups, replicated across them (FSDP2, 2D mesh)", _fsdp, True, lambda world, group: 1.0 / group
+    ),
+}
+
+
+def shard_group_size(cfg: Config, env: DistEnv) -> int:
+    """Ranks one copy of the model is sharded over: all of them (fsdp), dist.shard_group_size or a node's (hsdp)."""
+    if cfg.dist.parallel != "hsdp":
+        return env.world_size
+    size = cfg.dist.shard_group_size or env.local_world_size
+    if env.world_size % size:
+        raise ConfigError(
+            f"dist.shard_group_size={size} does not divide the world size {env.world_size}: hsdp needs groups of "
+            "equal size; set it to a divisor (e.g. the ranks of one node)"
+        )
+    return size
+
+
+def shard_units(model: nn.Module, cfg: Config) -> list[str]:
+    """Names of the submodules sharded as units: model.shard_units, the model table's, or each direct child of
+    the model that holds parameters (a model of your own)."""
+    from train.model.builtin import MODELS
+
+    built_in = cfg.model.name in MODELS
+    patterns = cfg.model.shard_units or (list(MODELS[cfg.model.name].shard_units) if built_in else ["*"])
+    names = [name for name, _ in model.named_modules() if name]
+    units = []
+    for pattern in patterns:
+        # '*' stands for one name: 'blocks.*' is each block, not every module inside the blocks.
+        one_level = re.compile(".".join("[^.]*".join(map(re.escape, part.split("*"))) for part in pattern.split(".")))
+        found = [n for n in names if one_level.fullmatch(n)]
+        if not found and cfg.model.shard_units:
+            raise ConfigError(
+                f"model.shard_units: {pattern!r} names no submodule of model.name={cfg.model.name}; its modules "
+                f"include {', '.join(names[:12])}"
+            )
+        units += [n for n in found if n not in units]
+    # A unit inside another unit is sharded first (innermost first), as fully_shard requires.
+    holding = [n for n in units if any(True for _ in model.get_submodule(n).parameters())]
+    return sorted(holding, key=lambda n: -n.count("."))
+
+
+def wrap(root: nn.Module, model: nn.Module, env: DistEnv, cfg: Config, find_unused: bool, precision) -> nn.Module:
+    """``root`` spread over the ranks by dist.parallel; one process keeps it as it is (nothing to synchronise; a
+    CUDA graph then has no hook to skip)."""
+    if env.world_size == 1:
+        return root
+    return PARALLEL[cfg.dist.parallel].wrap(root, model, env, cfg, find_unused, precision)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+@contextlib.contextmanager
+def no_sync(wrapped: nn.Module) -> Iterator[None]:
+    """Gradients accumulate locally (a micro-batch before the last): DDP's no_sync, or FSDP2 told to skip the
+    reduce-scatter. FSDP2 still frees the weights between micro-batches (reshard_after_backward stays on): less
+    memory, for one more gather per micro-batch."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(wrapped, FSDPModule):
+        with ddp_no_sync(wrapped):
+            yield
+        return
+    wrapped.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        wrapped.set_requires_gradient_sync(True)
+
+
+@contextlib.contextmanager
+def gathered(root: nn.Module) -> Iterator[None]:
+    """Every sharded unit's weights gathered (on every rank, in the same order) and kept for the block: ranks may
+    then run different numbers of forward passes (validation shards differ by one sample) with no collective."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in root.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        yield
+        return
+    for unit in units:
+        unit.unshard()
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            # The root keeps its weights after the forward (FSDP2 sets it so at its first forward): the backward
+            # gathers them at once anyway.
+            unit.set_reshard_after_forward(unit is not root, recurse=False)
+            unit.reshard()
+
+
+def grad_norm(norm: torch.Tensor) -> torch.Tensor:
+    """A clipped gradient norm as a plain tensor (FSDP2 returns the norm of sharded gradients as a DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def _names(model: nn.Module) -> list[str]:
+    """The trainable parameters' names in the order the optimizer holds them (train.engine.optim)."""
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict; of a sharded model gathered onto rank 0's CPU (empty on the other ranks), which every
+    rank must call."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()``; of a sharded model gathered onto rank 0 (every rank calls) and indexed by
+    parameter position as the plain optimizer indexes it, so that any strategy can load it."""
+    if not is_sharded(model):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not full:
+        return {}
+    index = {name: i for i, name in enumerate(_names(model))}
+    return {
+        "state": {index[name]: value for name, value in full["state"].items()},
+        "param_groups": [{**g, "params": [index[name] for name in g["params"]]} for g in full["param_groups"]],
+    }
+
+
+def load_model(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a full state dict (every rank holds it) into the model, sharding it where the model is sharded."""
+    if not is_sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load an optimizer state written by :func:`optimizer_state` (any strategy, any world size)."""
+    if not is_sharded(model):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = _names(model)
+    by_name = {
+        "state": {names[int(i)]: value for i, value in state["state"].items()},
+        "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]],
+    }
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
