@@ -9,9 +9,9 @@ is built again by the next test that asks, which then fails with the build's own
 
 Entries: ``tiny`` (``python -m train run`` of configs/tiny.yaml on 2 ranks: data, caches, the run folder with
 checkpoints and report), ``fno`` (the same config's tasks learnt by a small FNO on one rank),
-``reference-<objective>`` (the 160-step uninterrupted run that interrupted runs must
-end bitwise equal to, for each objective of :data:`OBJECTIVES`) and ``sweep`` (tests/sweeps.py's grid, killed
-mid-trial and continued).
+``reference-<variant>`` (the 160-step uninterrupted run that interrupted runs must end bitwise equal to, for each
+objective of :data:`OBJECTIVES` and for the sharded model: :data:`VARIANTS`) and ``sweep`` (tests/sweeps.py's
+grid, killed mid-trial and continued).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ LONG = [
 ]  # fmt: skip
 # The default objective, and one whose steps draw how far they roll out: both must replay exactly.
 OBJECTIVES = {"one_step": [], "pushforward": ["--set", "train.objective=pushforward", "--set", "train.rollout_steps=3"]}
+# ... and the model sharded over the ranks (FSDP2) instead of replicated: every fault must replay as exactly.
+VARIANTS = {**OBJECTIVES, "fsdp": ["--set", "dist.parallel=fsdp"]}
 TINY = ["--config", "configs/tiny.yaml", "--nproc", "2"]
 FNO = ["--set", "model.name=fno", "--set", "model.fno.modes=8", "--set", "model.fno.width=8"]
 
@@ -92,10 +94,13 @@ class Farm:
         """The run folder of the tiny FNO run (both tiny tasks, one rank, :data:`FNO` settings), for reading."""
         return self.entry("fno", _fno) / "runs" / "base"
 
-    def reference(self, objective: str) -> dict[str, torch.Tensor]:
-        """The final weights of the uninterrupted LONG run of ``objective``."""
-        folder = self.entry(f"reference-{objective}", lambda f: _reference(f, objective))
-        return final_weights(folder / "runs" / "reference")
+    def reference(self, variant: str) -> dict[str, torch.Tensor]:
+        """The final weights of the uninterrupted LONG run of ``variant`` (an objective, or fsdp)."""
+        return final_weights(self.reference_run(variant))
+
+    def reference_run(self, variant: str) -> Path:
+        """The run folder of the uninterrupted LONG run of ``variant``, for reading."""
+        return self.entry(f"reference-{variant}", lambda f: _reference(f, variant)) / "runs" / "reference"
 
     def sweep(self):
         """tests/sweeps.py's grid sweep, killed mid-trial and continued (a LocalSweep)."""
@@ -124,6 +129,6 @@ def _fno(folder: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
-def _reference(folder: Path, objective: str) -> None:
-    proc = run_cli(*fit_argv(folder, "reference", *OBJECTIVES[objective]))
+def _reference(folder: Path, variant: str) -> None:
+    proc = run_cli(*fit_argv(folder, "reference", *VARIANTS[variant]))
     assert proc.returncode == 0, proc.stderr[-3000:]

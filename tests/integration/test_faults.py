@@ -2,7 +2,8 @@
 
 The interrupted runs must end with weights bitwise equal to an uninterrupted run of the same config (CPU,
 eager, 2 gloo ranks): everything random derives from (seed, rank, epoch, step) and the checkpoint holds the
-step position, so resuming replays exactly what the lost steps did.
+step position, so resuming replays exactly what the lost steps did. So must a run whose model is sharded over
+the ranks (dist.parallel=fsdp), whose checkpoints are gathered from the shards and sharded again on resume.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.farm import OBJECTIVES, final_weights, fit_argv
+from tests.farm import OBJECTIVES, VARIANTS, final_weights, fit_argv
 from tests.helpers import REPO, assert_bitwise_equal, folders, run_cli
 from train.checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, load_checkpoint
 from train.obs.procmem import child_pids
@@ -28,10 +29,11 @@ from train.obs.sinks import read_metrics
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module", params=list(OBJECTIVES))
+@pytest.fixture(scope="module", params=list(VARIANTS))
 def reference(request, farm) -> tuple[list[str], dict[str, torch.Tensor]]:
-    """The uninterrupted run of an objective (the farm's): its extra arguments and final weights."""
-    return OBJECTIVES[request.param], farm.reference(request.param)
+    """The uninterrupted run of an objective, or of the sharded model (the farm's): its extra arguments and final
+    weights."""
+    return VARIANTS[request.param], farm.reference(request.param)
 
 
 def start(tmp: Path, run: str, *extra: str) -> subprocess.Popen:
