@@ -21,6 +21,7 @@ from train.launch.doctor import (
     check_device_data,
     check_gpus,
     check_memlock,
+    check_model_state,
     check_remote,
     check_rendezvous,
     check_shm,
@@ -375,3 +376,17 @@ def test_the_gpu_config_passes_the_doctor_on_a_cpu_with_a_no_gpu_note(tmp_path):
     assert checks["data on device"].status == PASS and "no GPU" in checks["data on device"].detail
     # The disk's verdict is the machine's (9.6 GiB of generated data); every other check passes.
     assert all(c.status != FAIL for name, c in checks.items() if name != "disk"), render(list(checks.values()))
+
+
+def test_the_model_state_per_rank_shrinks_with_sharding_and_a_model_too_large_for_ddp_is_named():
+    big = ("model.transformer.d_model=1024", "model.transformer.n_layers=24", "model.transformer.n_heads=16")
+    ddp = check_model_state(config(*big), 8, facts(gpus=8, gpu_memory=4 << 30))
+    assert ddp.status == FAIL and "dist.parallel=fsdp" in ddp.fix and "under dist.parallel=ddp" in ddp.detail
+    fsdp = check_model_state(config(*big, "dist.parallel=fsdp"), 8, facts(gpus=8, gpu_memory=4 << 30))
+    assert fsdp.status == PASS and "under ddp)" in fsdp.detail
+    from train.launch.capacity import model_state_per_rank
+
+    sharded, whole = model_state_per_rank(config(*big, "dist.parallel=fsdp"), 8, 4)
+    assert sharded == whole // 8 and whole > 4 << 30
+    assert model_state_per_rank(config(*big, "dist.parallel=hsdp"), 8, 4)[0] == whole // 4  # a node's 4 ranks
+    assert check_model_state(config("model.name=x.py:build"), 2, facts()) is None

@@ -105,6 +105,20 @@ def parameter_estimate(cfg: Config) -> int:
     return parameter_count(assumed_specs(cfg), cfg.model)
 
 
+STATE_BYTES_PER_PARAMETER = 16
+"""fp32 weights, gradients and AdamW's two moments: what training holds per parameter besides activations."""
+
+
+def model_state_per_rank(cfg: Config, world_size: int, local_ranks: int) -> tuple[int, int]:
+    """(bytes of model state one rank holds under dist.parallel, the same under ddp) before any data is read;
+    (0, 0) for a factory of your own."""
+    from train.engine.parallel import PARALLEL
+
+    whole = parameter_estimate(cfg) * STATE_BYTES_PER_PARAMETER
+    group = cfg.dist.shard_group_size or local_ranks
+    return int(whole * PARALLEL[cfg.dist.parallel].state_share(world_size, group)), whole
+
+
 def checkpoint_bytes(cfg: Config) -> int:
     """A checkpoint's size: the weights plus AdamW's two moments, in float32."""
     return parameter_estimate(cfg) * 4 * 3

@@ -24,7 +24,14 @@ from train.data.cache.build import CacheInfo
 from train.disk import human, unwritable
 from train.errors import ConfigError, PreflightError, TrainError
 from train.launch.address import advertised_address, is_public
-from train.launch.capacity import MiB, device_data_need, find_caches, needs_by_filesystem, shm_need
+from train.launch.capacity import (
+    MiB,
+    device_data_need,
+    find_caches,
+    model_state_per_rank,
+    needs_by_filesystem,
+    shm_need,
+)
 from train.launch.topology import Topology, nproc_for, topology_from_environ
 
 log = logging.getLogger(__name__)
@@ -342,6 +349,25 @@ def check_device_data(cfg: Config, caches: Mapping[str, CacheInfo | None], facts
                  "loader (slower)", "smaller or fewer tasks, or a larger train.data_on_device_share")  # fmt: skip
 
 
+def check_model_state(cfg: Config, nproc: int, facts: Facts) -> Check | None:
+    """The model state (weights, gradients, AdamW's moments) one rank holds under dist.parallel, against the GPU's
+    memory; None for a model of your own (its size is known once it is built)."""
+    nodes = int(facts.environ.get("NNODES") or facts.environ.get("SLURM_NNODES") or 1)
+    per_rank, whole = model_state_per_rank(cfg, nproc * nodes, nproc)
+    if not whole:
+        return None
+    strategy = cfg.dist.parallel
+    detail = f"{human(per_rank)} of weights, gradients and AdamW state per rank under dist.parallel={strategy}"
+    if strategy != "ddp":
+        detail += f" ({human(whole)} under ddp)"
+    if not facts.gpus or per_rank <= 0.5 * facts.gpu_memory:
+        return Check("model state", PASS, detail + ("" if facts.gpus else "; no GPU"))
+    fix = "dist.parallel=fsdp (or hsdp across nodes) shards it over the ranks" if strategy == "ddp" else "more ranks"
+    status = FAIL if per_rank > facts.gpu_memory else WARN
+    return Check("model state", status, f"{detail}, of the GPU's {human(facts.gpu_memory)} (activations come on top)",
+                 fix)  # fmt: skip
+
+
 def check_memlock(facts: Facts, topology: Topology | None) -> Check:
     if facts.memlock == -1:
         return Check("memlock", PASS, "unlimited")
@@ -479,6 +505,7 @@ def run_checks(
     checks += [c for c in [check_slurm(cfg, nproc, facts)] if c is not None]
     checks += [rendezvous, check_shm(cfg, n or 1, caches, facts), check_folders(cfg), check_disk(cfg, caches)]
     checks.append(check_device_data(cfg, caches, facts))
+    checks += [c for c in [check_model_state(cfg, n or 1, facts)] if c is not None]
     checks += [check_data(cfg, facts)] if data else []
     checks += [c for c in [check_remote(cfg)] if c is not None] if data else []
     checks.append(check_memlock(facts, topology))
