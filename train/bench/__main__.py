@@ -1,5 +1,5 @@
-"""python -m train.bench [cache-io|trainer|models|remote|well|operators|finetune|sweep|scale|all]: the benchmarks,
-each writing NAME.json/.md to --out.
+"""python -m train.bench [cache-io|trainer|models|remote|well|operators|finetune|sweep|parallel|scale|all]: the
+benchmarks, each writing NAME.json/.md to --out.
 
 - cache-io: data loading, our mmap cache against per-sample h5py and shared memory (train/bench/cache_io.py);
 - trainer: our trainer's step time against a bare DDP loop (train/bench/trainer_step.py);
@@ -12,7 +12,9 @@ each writing NAME.json/.md to --out.
   (train/bench/finetune.py);
 - sweep: an 8-trial search over the FNO's width, modes and learning rate against the default config
   (train/bench/sweep.py);
-- all (the default, also when only options are given): all eight (not scale), with their default sizes.
+- parallel: ddp, fsdp and hsdp on 2 and 4 CPU ranks: model state per rank, step time, checkpoint write and load
+  (train/bench/parallel.py);
+- all (the default, also when only options are given): all nine (not scale), with their default sizes.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from train.bench import cache_io, finetune, models, operators, remote, scale, sweep, trainer_step, well
+from train.bench import cache_io, finetune, models, operators, parallel, remote, scale, sweep, trainer_step, well
 from train.errors import TrainError
 
-COMMANDS = ("cache-io", "trainer", "models", "remote", "well", "operators", "finetune", "sweep", "scale", "all")
+COMMANDS = (
+    "cache-io", "trainer", "models", "remote", "well", "operators", "finetune", "sweep", "parallel", "scale", "all",
+)  # fmt: skip
 # Each benchmark's own options and their defaults (``all`` runs both with these).
 CACHE_IO = {"cache_gb": 1.1, "steps": 400, "h5py_steps": 40, "warmup": 5}
 TRAINER = {"steps": 150, "warmup": 20, "repeats": 5}
@@ -74,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sub.add_parser("operators", help=operators.__doc__.splitlines()[0]))
     _common(sub.add_parser("finetune", help=finetune.__doc__.splitlines()[0]))
     _common(sub.add_parser("sweep", help=sweep.__doc__.splitlines()[0]))
+    _common(sub.add_parser("parallel", help=parallel.__doc__.splitlines()[0]))
     sc = sub.add_parser("scale", help=scale.__doc__.splitlines()[0])
     _common(sc)
     sc.add_argument(
@@ -139,6 +144,12 @@ def operators_main(args: argparse.Namespace) -> dict:
     return result
 
 
+def parallel_main(args: argparse.Namespace) -> dict:
+    result = parallel.run(args.out, args.workdir)
+    print((args.out / "parallel.md").read_text(), flush=True)
+    return result
+
+
 def finetune_main(args: argparse.Namespace) -> dict:
     result = finetune.run(args.out, args.workdir, args.quick)
     print((args.out / "finetune.md").read_text(), flush=True)
@@ -182,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "operators": [operators_main],
         "finetune": [finetune_main],
         "sweep": [sweep_main],
+        "parallel": [parallel_main],
         "scale": [scale_main],  # 15 GB of disk and tens of minutes: not part of all
         "all": [
             cache_io_main,
@@ -192,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             operators_main,
             finetune_main,
             sweep_main,
+            parallel_main,
         ],
     }
     missed = []

@@ -200,6 +200,19 @@ def grad_norm(norm: torch.Tensor) -> torch.Tensor:
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
+def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of weights, gradients and optimizer state this rank holds at its peak in a step (its shards of a
+    sharded model); gradients counted at their size, as they are freed between steps."""
+
+    def local(t: torch.Tensor) -> int:
+        return t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes
+
+    total = sum(local(p) * (2 if p.requires_grad else 1) for p in model.parameters())
+    for state in optimizer.state.values():
+        total += sum(local(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return total
+
+
 def _names(model: nn.Module) -> list[str]:
     """The trainable parameters' names in the order the optimizer holds them (train.engine.optim)."""
     return [name for name, p in model.named_parameters() if p.requires_grad]

@@ -162,6 +162,8 @@ class Trainer:
         self.data_wait = DataWait()
         self.first_step_done: float | None = None  # wall time; launch-to-first-step is logged once
         self.first_step_logged = False
+        self.timings: dict[str, float] = {}
+        """Seconds of the last checkpoint write and of the resume's load, for the next metrics record."""
         self.launched_at: float | None = None
 
     # -- checkpoints ---------------------------------------------------------------------------------------
@@ -204,7 +206,9 @@ class Trainer:
             return
         check_same_model(saved, self.cfg.model, {t.name: t.spec.as_dict() for t in self.tasks}, path, "resume from")
         self._check_model_source(path, saved.get(MODEL_SOURCE))
+        began = time.perf_counter()
         self.load_state_dict(saved, path)
+        self.timings["resume_load_s"] = time.perf_counter() - began
         log.info(
             "resumed from %s (epoch %d, step %d of the epoch, global step %d)",
             path,
@@ -244,10 +248,12 @@ class Trainer:
         self._settle()  # no checkpoint holds a step whose non-finite gradients were not judged
         if self.env.is_main:
             self._check_mapped_sources()
+        began = time.perf_counter()
         state = self._gathered_state()
         if self.env.is_main:
             save_checkpoint(self.checkpoints, self.state.global_step, state, self.cfg.train.keep_checkpoints)
         dist.barrier()
+        self.timings["checkpoint_s"] = time.perf_counter() - began  # in the next metrics record
 
     def _gathered_state(self) -> dict | None:
         """The checkpoint's components on rank 0 (None elsewhere); a sharded model's are gathered by every rank."""
@@ -495,6 +501,11 @@ class Trainer:
             # imports, rendezvous, model setup, the first batches (and compilation).
             record["launch_to_first_step_s"] = self.first_step_done - self.launched_at
             log.info("first step done %.1f s after launch", record["launch_to_first_step_s"])
+        if not self.first_step_logged:
+            # What this rank holds of weights, gradients and optimizer state (its shards, under fsdp/hsdp).
+            record["model_state_mib"] = parallel.local_state_bytes(self.model, self.optimizer) / (1 << 20)
+        record.update(self.timings)
+        self.timings.clear()
         self.first_step_logged = True
         sinks.write(record)
         bar.update(0, loss=record["loss"])
