@@ -96,7 +96,7 @@ def test_auto_keeps_the_loader_on_cpu_and_true_that_does_not_fit_is_refused(tmp_
 # ---------------------------------------------------------------------------------- non-finite steps
 def _record(judge: NonFiniteSteps, flags: list[bool], first_step: int = 1) -> None:
     for i, bad in enumerate(flags):
-        judge.record(first_step + i, torch.tensor(bad), torch.tensor([math_nan() if bad else 1.0]), lambda: None)
+        judge.record(first_step + i, torch.tensor(bad), torch.tensor([math_nan() if bad else 1.0]))
 
 
 def math_nan() -> float:
@@ -104,26 +104,28 @@ def math_nan() -> float:
 
 
 def test_skipped_steps_are_judged_at_the_boundary_step_by_step(caplog):
-    judge = NonFiniteSteps(["adv"], stop=False, max_skipped=2)
+    newest = [None]
+    judge = NonFiniteSteps(["adv"], stop=False, max_skipped=2, last_good=lambda: newest[0])
     with caplog.at_level(logging.WARNING):
         _record(judge, [False, True, True, False, True])
-        judge.settle(lambda: None)  # two in a row, then one: tolerated, each named
+        judge.settle()  # two in a row, then one: tolerated, each named
     assert [r.getMessage() for r in caplog.records] == [
         "step 2: non-finite gradients, update skipped (1 in a row)",
         "step 3: non-finite gradients, update skipped (2 in a row)",
         "step 5: non-finite gradients, update skipped (1 in a row)",
     ]
     _record(judge, [True, True], first_step=6)  # the run of bad steps goes on across the boundary
+    newest[0] = "runs/x/checkpoints/step_00000004.pt"
     with pytest.raises(ConfigError, match=r"at step 7 \(3 steps in a row\); non-finite loss in: adv"):
-        judge.settle(lambda: "runs/x/checkpoints/step_00000004.pt")
+        judge.settle()
     assert not judge.pending
 
 
 def test_on_nonfinite_stop_names_the_first_bad_step_and_the_last_checkpoint():
-    judge = NonFiniteSteps(["adv"], stop=True, max_skipped=10)
+    judge = NonFiniteSteps(["adv"], stop=True, max_skipped=10, last_good=lambda: "runs/c.pt")
     _record(judge, [False, False, True, True])
     with pytest.raises(ConfigError, match=r"at step 3; .*The last good checkpoint is runs/c\.pt"):
-        judge.settle(lambda: "runs/c.pt")
+        judge.settle()
 
 
 def test_a_fused_adamw_told_of_a_bad_step_leaves_weights_and_state_as_they_were():

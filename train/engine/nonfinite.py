@@ -29,20 +29,21 @@ MAX_PENDING = 1000
 class NonFiniteSteps:
     """The flags of the steps not judged yet, and the count of skipped steps in a row so far."""
 
-    def __init__(self, names: list[str], stop: bool, max_skipped: int):
-        self.names, self.stop, self.max_skipped = names, stop, max_skipped
+    def __init__(self, names: list[str], stop: bool, max_skipped: int, last_good: Callable[[], object]):
+        """``last_good``: the newest checkpoint, named in the error."""
+        self.names, self.stop, self.max_skipped, self.last_good = names, stop, max_skipped, last_good
         self.pending: list[tuple[int, torch.Tensor]] = []
         self.in_row = 0
 
-    def record(self, step: int, bad: torch.Tensor, loss_sums: torch.Tensor, last_good: Callable[[], object]) -> None:
+    def record(self, step: int, bad: torch.Tensor, loss_sums: torch.Tensor) -> None:
         """Step ``step`` (1-based global step) had non-finite gradients where ``bad`` (a device bool) is true."""
         self.pending.append((step, torch.cat([bad.reshape(1).to(loss_sums.dtype), loss_sums.detach()])))
         if len(self.pending) >= MAX_PENDING:
-            self.settle(last_good)
+            self.settle()
 
-    def settle(self, last_good: Callable[[], object]) -> None:
+    def settle(self) -> None:
         """Judge the pending steps (one device-to-host transfer); raise a ConfigError naming the first step that
-        may not be skipped. ``last_good``: the newest checkpoint, named in the error."""
+        may not be skipped."""
         if not self.pending:
             return
         steps = [step for step, _ in self.pending]
@@ -57,7 +58,7 @@ class NonFiniteSteps:
                 log.warning("step %d: non-finite gradients, update skipped (%d in a row)", step, self.in_row)
                 continue
             self.pending.clear()
-            raise self._diverged(step, losses, last_good())
+            raise self._diverged(step, losses, self.last_good())
 
     def _diverged(self, step: int, losses: list[float], last_good: object) -> ConfigError:
         # Ranks may have trained different tasks in the step: the sums over ranks say which losses were bad.

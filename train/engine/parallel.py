@@ -27,11 +27,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from train.config import Config
 from train.distributed.env import DistEnv
-from train.engine.setup import no_sync as ddp_no_sync
-from train.engine.setup import wrap_ddp
 from train.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -50,6 +49,23 @@ class Strategy:
     state_share: Callable[[int, int], float]
     """``state_share(world_size, shard_group_size)``: the share of the model state (weights, gradients, optimizer
     state) one rank holds."""
+
+
+def wrap_ddp(model: nn.Module, env: DistEnv, find_unused: bool) -> DistributedDataParallel:
+    """DDP over ``model``. ``find_unused``: some parameters may get no gradient on some rank in a step (ranks
+    drawing different tasks); DDP then searches the autograd graph each step, which costs time, so it is asked
+    for only then.
+
+    On GPUs, batch normalisation (the U-Net's) is made synchronous: its statistics are those of the whole
+    global batch, as on one device. On CPU (SyncBatchNorm runs on CUDA only) each rank normalises its own
+    batch, and DDP gives every rank rank 0's running statistics at each forward.
+    """
+    if env.device.type == "cuda":
+        converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        assert converted is model, "the trainer's models wrap their normalisation layers"
+    return DistributedDataParallel(
+        model, device_ids=[env.local_rank] if env.device.type == "cuda" else None, find_unused_parameters=find_unused
+    )
 
 
 def _ddp(root: nn.Module, model: nn.Module, env: DistEnv, cfg: Config, find_unused: bool, precision) -> nn.Module:
@@ -157,11 +173,12 @@ def no_sync(wrapped: nn.Module) -> Iterator[None]:
     """Gradients accumulate locally (a micro-batch before the last): DDP's no_sync, or FSDP2 told to skip the
     reduce-scatter. FSDP2 still frees the weights between micro-batches (reshard_after_backward stays on): less
     memory, for one more gather per micro-batch."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if not isinstance(wrapped, FSDPModule):
-        with ddp_no_sync(wrapped):
+    if isinstance(wrapped, DistributedDataParallel):
+        with wrapped.no_sync():
             yield
+        return
+    if not hasattr(wrapped, "set_requires_gradient_sync"):  # one process: nothing to hold back
+        yield
         return
     wrapped.set_requires_gradient_sync(False)
     try:
@@ -195,9 +212,7 @@ def gathered(root: nn.Module) -> Iterator[None]:
 
 def grad_norm(norm: torch.Tensor) -> torch.Tensor:
     """A clipped gradient norm as a plain tensor (FSDP2 returns the norm of sharded gradients as a DTensor)."""
-    from torch.distributed.tensor import DTensor
-
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # no import on the step's path
 
 
 def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:

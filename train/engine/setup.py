@@ -1,5 +1,5 @@
-"""Putting the model together for training: precision, the unused-parameter check, DDP (with several processes),
-then torch.compile.
+"""Putting the model together for training: precision, the unused-parameter check, then torch.compile (DDP or
+FSDP2 in between, with several processes: train.engine.parallel).
 
 Order matters (docs/configs.md, 'Training'): model.to(device) -> DDP -> torch.compile. Compiling the DDP wrapper lets
 dynamo split the graph at DDP's bucket boundaries (its DDPOptimizer), so gradient all-reduces still overlap
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from train.config import CompileConfig
 from train.distributed.env import DistEnv
@@ -24,7 +23,7 @@ from train.errors import ConfigError
 log = logging.getLogger(__name__)
 
 # Modes whose CUDA graphs would replay without DDP's gradient hooks, and what each becomes under DDP. With one
-# process there is no DDP (wrap_ddp), so they are honoured there.
+# process there is no DDP (train.engine.parallel.wrap), so they are honoured there.
 _GRAPH_FREE = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
@@ -81,33 +80,6 @@ def check_no_dead_parameters(model: nn.Module, run_all_tasks: Callable[[nn.Modul
             f"{', '.join(dead[:20])}{' ...' if len(dead) > 20 else ''}. DDP would stop with 'Expected to have "
             "finished reduction'. Remove them from the model or freeze them (requires_grad_(False))."
         )
-
-
-def wrap_ddp(model: nn.Module, env: DistEnv, find_unused: bool) -> nn.Module:
-    """DDP over ``model``, or ``model`` itself in a one-process run, where there is nothing to synchronise (and a
-    CUDA graph then has no gradient hook to skip). ``find_unused``: some parameters may get no gradient on some
-    rank in a step (ranks drawing different tasks); DDP then searches the autograd graph each step, which costs
-    time, so it is asked for only then.
-
-    On GPUs, batch normalisation (the U-Net's) is made synchronous: its statistics are those of the whole
-    global batch, as on one device. On CPU (SyncBatchNorm runs on CUDA only) each rank normalises its own
-    batch, and DDP gives every rank rank 0's running statistics at each forward.
-    """
-    if env.world_size == 1:
-        return model
-    if env.device.type == "cuda":
-        converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        assert converted is model, "the trainer's models wrap their normalisation layers"
-    return DistributedDataParallel(
-        model,
-        device_ids=[env.local_rank] if env.device.type == "cuda" else None,
-        find_unused_parameters=find_unused,
-    )
-
-
-def no_sync(model: nn.Module) -> contextlib.AbstractContextManager:
-    """DDP's no_sync (gradients accumulate locally until the last micro-batch), or nothing without DDP."""
-    return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
 
 
 def compile_enabled(cfg: CompileConfig, device: torch.device) -> bool:

@@ -157,7 +157,10 @@ class Trainer:
             )
         self.state = RunState()
         self.nonfinite = NonFiniteSteps(
-            self.names, cfg.train.on_nonfinite == "stop" and self.scaler is None, cfg.train.max_skipped_steps
+            self.names,
+            cfg.train.on_nonfinite == "stop" and self.scaler is None,
+            cfg.train.max_skipped_steps,
+            lambda: latest_checkpoint(self.checkpoints),
         )
         self.data_wait = DataWait()
         self.first_step_done: float | None = None  # wall time; launch-to-first-step is logged once
@@ -435,16 +438,13 @@ class Trainer:
             self.optimizer.step()
         elif not bool(bad):  # a model with complex parameters: no fused AdamW, the host decides
             self.optimizer.step()
-        self.nonfinite.record(self.state.global_step + 1, bad, sums, self._last_checkpoint)
+        self.nonfinite.record(self.state.global_step + 1, bad, sums)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _last_checkpoint(self):
-        return latest_checkpoint(self.checkpoints)
-
     def _settle(self) -> None:
         """Judge the steps since the last boundary (may raise: training diverged)."""
-        self.nonfinite.settle(self._last_checkpoint)
+        self.nonfinite.settle()
 
     # -- validation, logging, stopping ---------------------------------------------------------------------
 
