@@ -10,6 +10,8 @@ order:
 - ``no_sync``: 50 steady trainer steps under ``torch.cuda.set_sync_debug_mode("error")``;
 - ``accuracy``: that task trained for GPU_CHECK_TRAIN_S seconds (180): test nRMSE next to PDEBench's published
   FNO, validation nRMSE against training time, GPU busy and data wait;
+- ``fsdp``: the FNO sharded by FSDP2 (dist.parallel=fsdp) against the plain model, fp32 losses step by step and
+  bf16 compiled (train.bench.gpu_fsdp);
 - ``smoke``: the smoke test (collectives on NCCL, DDP steps against one process, checkpoint, torch.compile);
 - ``fno_bf16``: the FNO's spectral layers under bf16 autocast against fp32 (the FFTs must run in fp32);
 - ``resume``: a run SIGKILLed after a checkpoint and resumed ends bitwise equal to an uninterrupted one.
@@ -299,6 +301,12 @@ def check_no_sync() -> dict:
     return no_sync(_bench(), _gpu_batch(), "reduce-overhead")
 
 
+def check_fsdp() -> dict:
+    from train.bench.gpu_fsdp import fsdp_against_plain
+
+    return fsdp_against_plain(_bench(), _gpu_batch())
+
+
 def check_accuracy() -> dict:
     """configs/gpu.yaml's advection task trained for GPU_CHECK_TRAIN_S seconds (180 by default; the step count
     from the perf check's samples/s where it ran): validation nRMSE against training time, then the test nRMSE."""
@@ -362,13 +370,14 @@ CHECKS = {
     "perf": check_perf,
     "no_sync": check_no_sync,
     "accuracy": check_accuracy,
+    "fsdp": check_fsdp,
     # By name only (GPU_CHECKS=...): the older figures the ones above supersede, and the slower checks.
     "fno_compile": check_fno_compile,
     "unet_syncbn": check_unet_syncbn,
     "speed": check_speed,
     "ceiling": check_ceiling,
 }
-DEFAULT = ("perf", "no_sync", "accuracy", "smoke", "fno_bf16", "resume")
+DEFAULT = ("perf", "no_sync", "accuracy", "fsdp", "smoke", "fno_bf16", "resume")
 """The measurements first: on a machine lent for minutes, what only a GPU can measure comes before the checks
 an earlier GPU already passed."""
 

@@ -75,6 +75,8 @@ class Bench:
         from train.data.acquire.sources import stage_data
         from train.pipeline import stage_cache
 
+        if device.type == "cuda" and device.index is None:  # NCCL's device_id must name its GPU
+            device = torch.device("cuda", torch.cuda.current_device())
         self.out, self.device, self.toy = out, device, device.type != "cuda"
         self.config = advection_config(out, self.toy)
         self.folders_overrides = [f"run.{d}_dir={out / d}" for d in ("data", "cache", "runs")]
@@ -134,8 +136,10 @@ class Bench:
             "gpu_busy_pct": gpu.busy_between(began, steady[-1][0]) if gpu is not None else None,
         }
 
-    def bare(self, overrides: list[str], steps: int) -> dict:
-        """The bare loop over the same model, batches (the trainer's sampler), optimizer, loss and precision."""
+    def bare(self, overrides: list[str], steps: int, strategy: str | None = None, losses: bool = False) -> dict:
+        """The bare loop over the same model, batches (the trainer's sampler), optimizer, loss and precision;
+        ``strategy``: the model spread by that row of the strategy table (FSDP2 over this process group) before
+        compiling, as the trainer does; ``losses``: every step's loss in the result."""
         from train.data.dataset import EqualBatchSampler
         from train.data.device_data import DeviceTask
         from train.engine.loaders import _dataset, initial_model
@@ -147,16 +151,20 @@ class Bench:
         run = self.run_dir(cfg)
         (task,) = run.load_tasks(cfg)
         model = initial_model(cfg, [task], self.device)
+        precision = resolve_precision(cfg.train.precision, self.device)
+        if strategy is not None:
+            from train.engine.parallel import PARALLEL
+
+            model = PARALLEL[strategy].wrap(model, model, self.env, cfg, False, precision)
         forward = compile_model(model, cfg.compile, self.env)
         optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, 10 * steps)
-        precision = resolve_precision(cfg.train.precision, self.device)
         data = DeviceTask(_dataset(task), self.device)
         warmup, batch = cfg.train.log_every, cfg.tasks[TASK].batch_size
         sampler = EqualBatchSampler(len(_dataset(task)), batch, warmup + steps, 0, 1, cfg.run.seed, 0)
         rows = torch.as_tensor(list(sampler), device=self.device)
         graphed = cfg.compile.enabled is not False and cfg.compile.mode == "reduce-overhead"
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-        began = 0.0
+        began, seen = 0.0, []
         for step in range(warmup + steps):
             if step == warmup:
                 sync()
@@ -166,16 +174,22 @@ class Bench:
             b = data.gather(rows[step])
             with precision.autocast():
                 prediction = forward({TASK: b["x"]})[TASK]
-            task_loss(prediction, b["y"]).backward()
+            loss = task_loss(prediction, b["y"])
+            loss.backward()
+            if losses:
+                seen.append(loss.detach())  # read once after the loop: no sync inside it
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         sync()
         step_s = (time.perf_counter() - began) / steps
-        del model, forward, optimizer, data
+        result = {"samples_per_s": batch / step_s, "step_ms": 1e3 * step_s}
+        if losses:
+            result["losses"] = torch.stack(seen).tolist()
+        del model, forward, optimizer, data, seen
         self._free()
-        return {"samples_per_s": batch / step_s, "step_ms": 1e3 * step_s}
+        return result
 
     def _free(self) -> None:
         torch._dynamo.reset()  # the next model is a new one: nothing of this one's graphs is reused
