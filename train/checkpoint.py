@@ -1,8 +1,10 @@
 """Checkpoints: atomic files of named components, found by name, the last k kept plus the best one.
 
-A checkpoint is ``step_NNNNNNNN.pt`` (the optimizer steps done) or ``best.pt`` (the best validation so far).
-Files are written to a temporary name and renamed, so a name that matches is always complete; older files
-are deleted only after a newer one is safely on disk.
+A checkpoint is ``step_NNNNNNNN.pt`` (the optimizer steps done) or ``best.pt`` (the best validation so far); a
+sharded model's may instead be a folder of every rank's shards, ``step_NNNNNNNN.dcp`` or ``best.dcp``
+(train.checkpoint_shards), read through the same functions here. Files and folders are written to a temporary
+name and renamed, so a name that matches is always complete; older ones are deleted only after a newer one is
+safely on disk.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ from typing import Any
 import torch
 import xxhash
 
+from train import checkpoint_shards as shards
 from train.atomic import atomic_path
 from train.config import ModelConfig, flatten, migrate_model_keys, model_keys_in_use
 from train.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^step_(\d{8,})\.pt$")
+_NAME = re.compile(r"^step_(\d{8,})\.(pt|dcp)$")
 BEST = "best.pt"
+BEST_SHARDED = "best" + shards.SUFFIX
 CORRUPT = "corrupt"
 """The subfolder unreadable checkpoints are moved into."""
 
@@ -80,12 +84,13 @@ class RunState:
         return self.early_stopped or self.epoch >= epochs
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:08d}.pt"
+def checkpoint_name(step: int, sharded: bool = False) -> str:
+    return f"step_{step:08d}{shards.SUFFIX if sharded else '.pt'}"
 
 
 def checkpoint_step(name: str) -> int | None:
-    """The step of a step checkpoint's file name; None for any other name (best.pt, temporary files)."""
+    """The step of a step checkpoint's name (file or folder); None for any other name (best.pt, temporary
+    files)."""
     m = _NAME.match(name)
     return int(m.group(1)) if m else None
 
@@ -94,8 +99,19 @@ def list_checkpoints(folder: Path) -> list[Path]:
     """Complete step checkpoints, oldest first. Temporary files of an interrupted save never match the pattern."""
     if not folder.is_dir():
         return []
-    found = [(step, p) for p in folder.iterdir() if (step := checkpoint_step(p.name)) is not None]
+    found = [(step, p) for p in folder.iterdir() if (step := checkpoint_step(p.name)) is not None and _whole(p)]
     return [p for _, p in sorted(found)]
+
+
+def _whole(path: Path) -> bool:
+    """A .pt checkpoint is a file, a .dcp one a folder (anything else under such a name is no checkpoint)."""
+    return path.is_dir() if path.suffix == shards.SUFFIX else path.is_file()
+
+
+def best_checkpoint(folder: Path) -> Path | None:
+    """best.pt or best.dcp, whichever exists (the newer if a run changed form and both do)."""
+    found = [p for p in (folder / BEST, folder / BEST_SHARDED) if _whole(p)]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
@@ -162,40 +178,79 @@ def save_checkpoint(folder: Path, step: int, state: dict[str, Any], keep: int) -
     final = folder / checkpoint_name(step)
     with atomic_path(final, needed=state_bytes(state)) as tmp:
         torch.save(sealed(state), tmp)
-    for old in list_checkpoints(folder)[:-keep]:
-        old.unlink(missing_ok=True)
+    prune(folder, keep)
     log.info("checkpoint saved: %s", final)
     return final
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` step checkpoints (files and folders)."""
+    for old in list_checkpoints(folder)[:-keep]:
+        shards.remove(old)
 
 
 def save_best(folder: Path, state: dict[str, Any]) -> Path:
     final = folder / BEST
     with atomic_path(final, needed=state_bytes(state)) as tmp:
         torch.save(sealed(state), tmp)
+    shards.remove(folder / BEST_SHARDED)  # one best: the one just written
     return final
 
 
 def load_checkpoint(path: Path, data: bytes | None = None) -> dict[str, Any]:
     """Load with ``weights_only=True`` (a checkpoint is data, never code to run) and check its payload against
     the checksum written with it. ``data``: the file's bytes, received from another rank (``path`` then only
-    names it)."""
+    names it). A sharded checkpoint (a folder) is consolidated: the whole state, as a file holds it."""
+    if shards.is_sharded_checkpoint(path):
+        why = shards.damaged(path)
+        if why is None:
+            try:
+                return shards.consolidated(path)
+            except Exception as e:  # any unreadable shard gets the same advice
+                why = f"{type(e).__name__}: {e}"
+        _refuse(path, why)
     try:
         state = torch.load(io.BytesIO(data) if data is not None else path, map_location="cpu", weights_only=True)
         why = tampered(state) if isinstance(state, dict) else "not a dict of components"
     except Exception as e:  # any unreadable file gets the same advice
         why = f"{type(e).__name__}: {e}"
     if why is not None:
-        raise DataError(
-            f"checkpoint {path} cannot be used ({why}). Re-run the same command: before the ranks start, the "
-            f"launcher moves an unusable checkpoint into {path.parent / CORRUPT}/ (it deletes none) and continues "
-            "from the newest intact one"
-        ) from None
+        _refuse(path, why)
     return state
+
+
+def _refuse(path: Path, why: str) -> None:
+    raise DataError(
+        f"checkpoint {path} cannot be used ({why}). Re-run the same command: before the ranks start, the "
+        f"launcher moves an unusable checkpoint into {path.parent / CORRUPT}/ (it deletes none) and continues "
+        "from the newest intact one"
+    ) from None
+
+
+def small_components(path: Path) -> dict[str, Any]:
+    """A checkpoint's components without reading its tensors (memory-mapped, or a sharded checkpoint's
+    components file): progress, config, specs, data checksums."""
+    if shards.is_sharded_checkpoint(path):
+        return shards.components(path)
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+def checkpoint_sha1(path: Path) -> str:
+    """What a checkpoint's bytes hash to: a file's SHA1, or a sharded checkpoint's manifest's (which names every
+    file's checksum)."""
+    if shards.is_sharded_checkpoint(path):
+        return shards.manifest_sha1(path)
+    from train.remote.store import sha1_of
+
+    return sha1_of(path)
 
 
 def unreadable(path: Path) -> str | None:
     """Why ``path`` cannot be used as a checkpoint, or None when it can: it must load, and its payload must
-    match the checksum written with it (memory-mapped: the tensors are read once, to hash them)."""
+    match the checksum written with it (memory-mapped: the tensors are read once, to hash them). A sharded
+    checkpoint's files must match its manifest."""
+    if shards.is_sharded_checkpoint(path):
+        return shards.damaged(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return tampered(state) if isinstance(state, dict) else "not a dict of components"
@@ -217,6 +272,8 @@ def set_aside_unreadable(folder: Path) -> list[Path]:
     newest readable one) and an unreadable best.pt, warning for each; returns where they went. A run whose
     newest checkpoint was cut short or overwritten continues from the one before it instead of stopping."""
     moved = []
+    for restored in shards.recover_replaced(folder):
+        log.warning("%s: put back (its replacement was cut short)", restored)
     step_files = list_checkpoints(folder)
     for i in range(len(step_files) - 1, -1, -1):
         reason = unreadable(step_files[i])
@@ -229,8 +286,8 @@ def set_aside_unreadable(folder: Path) -> list[Path]:
                 "checkpoint %s cannot be read (%s); moved to %s. Continuing from the one before it (%s)",
                 step_files[i].name, reason, dest, before,
             )  # fmt: skip
-    best = folder / BEST
-    if best.is_file() and (reason := unreadable(best)) is not None:
+    best = best_checkpoint(folder)
+    if best is not None and (reason := unreadable(best)) is not None:
         with contextlib.suppress(FileNotFoundError):
             moved.append(dest := set_aside(best))
             newest = latest_checkpoint(folder)
@@ -246,13 +303,12 @@ def set_aside_unreadable(folder: Path) -> list[Path]:
 
 def checkpoint_for_evaluation(folder: Path) -> Path | None:
     """The best checkpoint when validation chose one, else the newest."""
-    best = folder / BEST
-    return best if best.is_file() else latest_checkpoint(folder)
+    return best_checkpoint(folder) or latest_checkpoint(folder)
 
 
 def archive_checkpoints(folder: Path) -> Path | None:
     """Move every checkpoint into checkpoints/archive-<UTC time>/ (resume=never): a fresh start loses nothing."""
-    files = [*list_checkpoints(folder), *([folder / BEST] if (folder / BEST).is_file() else [])]
+    files = [*list_checkpoints(folder), *[p for p in (folder / BEST, folder / BEST_SHARDED) if _whole(p)]]
     if not files:
         return None
     archive = folder / time.strftime("archive-%Y%m%dT%H%M%SZ", time.gmtime())
@@ -294,9 +350,10 @@ def resume_source(policy: str, folder: Path) -> Path | None:
     if own is not None:
         log.info("train.resume=%s ignored: this run continues from its own checkpoint %s", policy, own.name)
         return own
-    if not path.is_file():
+    if not _whole(path):
         raise ConfigError(
-            f"train.resume={policy}: no such checkpoint file; use auto, never or the path of a .pt checkpoint"
+            f"train.resume={policy}: no such checkpoint; use auto, never or the path of a .pt checkpoint (or of a "
+            f"sharded checkpoint's {shards.SUFFIX} folder)"
         )
     return path
 
@@ -354,4 +411,7 @@ def check_same_model(saved: dict[str, Any], model_cfg: Any, specs: dict[str, dic
 def training_done(folder: Path, epochs: int) -> bool:
     """Whether the newest checkpoint in ``folder`` ends training (the one rule: :meth:`RunState.done`)."""
     path = latest_checkpoint(folder)
-    return path is not None and RunState(**load_checkpoint(path)[PROGRESS]).done(epochs)
+    if path is None:
+        return False
+    saved = small_components(path) if shards.is_sharded_checkpoint(path) else load_checkpoint(path)
+    return RunState(**saved[PROGRESS]).done(epochs)

@@ -126,8 +126,18 @@ def _sweep(args: argparse.Namespace) -> None:
         run_sweep(study, base, array_task=args.array_task)
 
 
+CONSOLIDATE_HELP = (
+    "write a sharded checkpoint (a step_N.dcp or best.dcp folder of every rank's shards) as one .pt file, which "
+    "any reader loads without a process group"
+)
+
+
 def _using_commands(sub) -> None:
     """Commands on a trained run: no config file, the run (or checkpoint, or remote) is the input."""
+    c = sub.add_parser("consolidate", help=CONSOLIDATE_HELP, description=CONSOLIDATE_HELP)
+    c.add_argument("--run", required=True, help="a run folder (runs/<name>) or a .dcp checkpoint folder")
+    c.add_argument("--checkpoint", default="latest", help="latest (default), best, or a checkpoint's name or path")
+    c.add_argument("--output", "-o", help="the .pt file to write (default: <checkpoints>/consolidated/<name>.pt)")
     for name, help_text in USING_COMMANDS.items():
         c = sub.add_parser(name, help=help_text, description=help_text)
         c.add_argument("--run", required=True, help="a run folder (runs/<name>), a checkpoint file or b2://.../<run>")
@@ -152,7 +162,15 @@ def _using_commands(sub) -> None:
 
 
 def _use(args: argparse.Namespace) -> None:
-    if args.command == "predict":
+    if args.command == "consolidate":
+        from train.checkpoint_shards import consolidate, is_sharded_checkpoint
+        from train.use.surrogate import resolve_checkpoint
+
+        path = resolve_checkpoint(args.run, args.checkpoint)
+        if not is_sharded_checkpoint(path):
+            raise ConfigError(f"{path} is already one file (a .pt checkpoint): there is nothing to consolidate")
+        print(f"consolidated {path} into {consolidate(path, Path(args.output) if args.output else None)}")
+    elif args.command == "predict":
         from train.use.predict import predict_file
 
         if not args.output:
@@ -204,7 +222,7 @@ def main(argv: list[str] | None = None, exiting: bool = False) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> None:
-    if args.command in USING_COMMANDS:
+    if args.command in (*USING_COMMANDS, "consolidate"):
         return _use(args)
     if args.command == "sweep":
         return _sweep(args)

@@ -447,6 +447,13 @@ class DistConfig(Section):
     shard_group_size: int | None = Field(None, ge=1)
     """With hsdp: the ranks one copy of the model is sharded over (it must divide the world size); default: the
     ranks of one node, so that the gathers stay inside a node and only the gradient reduction crosses nodes."""
+    checkpoint: Literal["auto", "sharded", "full"] = "auto"
+    """How a sharded model (fsdp, hsdp) is checkpointed. 'sharded': every rank writes its own shards into one
+    folder, step_NNNNNNNN.dcp (torch.distributed.checkpoint): no rank ever holds the whole model, and the save
+    costs no gathers. 'full': the shards gathered onto rank 0's CPU and written as one .pt file, as under ddp.
+    'auto': sharded where every rank writes into the one run folder (one node) and no run.remote mirrors it,
+    full otherwise (the launcher's mirror and the ranks on other nodes move single files). Either form resumes
+    under any strategy and world size; `python -m train consolidate` turns a folder into one file."""
 
 
 class SlurmConfig(Section):
@@ -599,6 +606,12 @@ class Config(Section):
                 f"tasks.{latent[0]}.latent_encoder holds the encoder's tokens of true input frames, but "
                 f"train.objective={self.train.objective} feeds the model its own predictions: use "
                 "train.objective=one_step, or remove latent_encoder"
+            )
+        if self.dist.checkpoint == "sharded" and self.run.remote is not None:
+            raise ValueError(
+                "dist.checkpoint=sharded writes each checkpoint as a folder of every rank's shards, which the remote "
+                f"mirror (run.remote={self.run.remote}) does not send: use dist.checkpoint=auto or full (one file, "
+                "mirrored) with a remote"
             )
         for name in self.tasks:
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):

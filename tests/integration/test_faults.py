@@ -116,7 +116,9 @@ def test_sigterm_to_the_whole_job_checkpoints_exits_75_and_the_rerun_ends_bitwis
     assert proc.returncode == 75, err[-4000:]
     assert "re-run" in err
     marker = json.loads((run_dir / "preempted.json").read_text())
-    saved = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["progress"]
+    newest = latest_checkpoint(run_dir / "checkpoints")  # a file, or under fsdp a folder of every rank's shards
+    assert newest.name == checkpoint_name(marker["global_step"], sharded="dist.parallel=fsdp" in reference[0])
+    saved = load_checkpoint(newest)["progress"]
     assert saved["global_step"] == marker["global_step"] and saved["epoch"] < 4
     assert at <= marker["global_step"] < 160
     for rank in range(2):  # every rank stopped at the same step
@@ -125,7 +127,7 @@ def test_sigterm_to_the_whole_job_checkpoints_exits_75_and_the_rerun_ends_bitwis
 
     again = run_cli(*fit_argv(tmp_path, "preempted", *reference[0]))
     assert again.returncode == 0, again.stderr[-4000:]
-    assert f"resumed from {run_dir / 'checkpoints' / checkpoint_name(marker['global_step'])}" in again.stderr
+    assert f"resumed from {newest}" in again.stderr
     assert_bitwise_equal(final_weights(run_dir), reference[1])
 
 

@@ -83,6 +83,30 @@ def test_a_disk_that_fills_during_training_ends_with_exit_4_and_keeps_every_chec
     assert f"resumed from {runs / 'tiny' / 'checkpoints' / 'step_00000002.pt'}" in resumed["stderr"]
 
 
+def test_a_disk_that_fills_while_ranks_write_their_shards_ends_with_exit_4_and_keeps_the_one_before(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    # fsdp on 2 ranks, a sharded checkpoint (about 580 KiB: two shards, DCP's metadata) every 2 steps; room for one.
+    args = [*settings(tmp_path), "--set=dist.parallel=fsdp", "--set=train.checkpoint_every=2", "--skip-doctor"]
+    assert run_cli("cache", *args[:-2]).returncode == 0
+    full, _, resumed = probe(
+        runs,
+        "8m",
+        [["fill", str(runs), str(1000 << 10)], ["train", "fit", *args], ["empty", str(runs)], ["train", "fit", *args]],
+    )[1:]
+    assert full["returncode"] == 4, full["stderr"]
+    match = FULL.search(full["stderr"])
+    assert match, full["stderr"]
+    assert match.group(1) == str(runs / "tiny" / "checkpoints" / "step_00000004.dcp"), match.group(1)
+    assert "Traceback" not in full["stderr"].split("error:", 1)[1]
+    kept = {Path(name).parts[-2] for name in full["files"] if "/checkpoints/" in name}
+    assert kept == {"step_00000002.dcp"}, kept  # the folder written before the disk filled, and nothing partial
+    assert not [name for name in full["files"] if ".partial" in name]
+
+    assert resumed["returncode"] == 0, resumed["stderr"]
+    assert f"resumed from {runs / 'tiny' / 'checkpoints' / 'step_00000002.dcp'}" in resumed["stderr"]
+
+
 def test_a_cache_build_on_a_full_disk_ends_with_exit_4_not_sigbus(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()

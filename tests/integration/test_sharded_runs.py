@@ -48,16 +48,17 @@ def test_hsdp_on_four_ranks_trains_with_the_losses_of_ddp(tmp_path):
     assert _relative_gap(losses["ddp"], losses["hsdp"]) <= 1e-5
 
 
-def test_a_sharded_runs_checkpoint_resumes_under_ddp_and_on_one_rank(tmp_path, farm):
-    """The fsdp reference's checkpoint at step 150 continued to 160 by DDP on the same 2 ranks (the same batches:
-    weights within float rounding of the sharded run's own) and by one process (other batches: it continues)."""
-    source = tmp_path / "source.pt"
-    shutil.copy(farm.reference_run("fsdp") / "checkpoints" / checkpoint_name(150), source)
+def test_a_sharded_runs_checkpoint_resumes_under_ddp_on_one_rank_and_resharded_on_four(tmp_path, farm):
+    """The fsdp reference's checkpoint at step 150 (every rank's shards) continued to 160 by DDP on the same 2 ranks
+    (the same batches: weights within float rounding of the sharded run's own), by one process and by fsdp on 4
+    ranks (the shards resharded as they load; other batches: it continues)."""
+    source = tmp_path / "source.dcp"  # every rank's shards, as dist.checkpoint=auto writes them on one node
+    shutil.copytree(farm.reference_run("fsdp") / "checkpoints" / checkpoint_name(150, sharded=True), source)
     want = final_weights(farm.reference_run("fsdp"))
-    for nproc, run in ((2, "ddp-2"), (1, "one-rank")):
+    for nproc, run, strategy in ((2, "ddp-2", "ddp"), (1, "one-rank", "ddp"), (4, "fsdp-4", "fsdp")):
         proc = run_cli(
             "fit", "--config", "configs/tiny.yaml", "--nproc", str(nproc), "--run", run, *LONG, "--set",
-            "dist.parallel=ddp", "--set", f"train.resume={source}", *folders(tmp_path),
+            f"dist.parallel={strategy}", "--set", f"train.resume={source}", *folders(tmp_path),
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert f"resumed from {source}" in (tmp_path / "runs" / run / "logs" / "rank0.log").read_text()

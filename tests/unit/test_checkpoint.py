@@ -25,6 +25,7 @@ from train.checkpoint import (
     save_best,
     save_checkpoint,
     set_aside_unreadable,
+    unreadable,
 )
 from train.config import TransformerConfig, load_config
 from train.engine.optim import warmup_cosine
@@ -368,3 +369,77 @@ def test_evaluating_a_checkpoint_of_another_model_names_what_differs_not_every_k
                        r"model\.name \('transformer' there, 'fno' here\)") as e:  # fmt: skip
         check_same_model(saved, cfg.model, saved["specs"], "x.pt", "evaluate")
     assert "state_dict" not in str(e.value) and len(str(e.value)) < 600
+
+
+def test_a_sharded_checkpoint_is_a_folder_and_only_a_folder(tmp_path):
+    from train.checkpoint import BEST_SHARDED, best_checkpoint
+
+    (tmp_path / "step_00000002.dcp").mkdir()
+    (tmp_path / "step_00000004.dcp").write_bytes(b"a file under a folder's name")
+    (tmp_path / ".step_00000006.dcp.partial").mkdir()  # a killed writer's
+    (tmp_path / "step_00000003.pt").write_bytes(b"x")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002.dcp", "step_00000003.pt"]
+    assert best_checkpoint(tmp_path) is None
+    (tmp_path / BEST).write_bytes(b"x")
+    os.utime(tmp_path / BEST, (1, 1))
+    (tmp_path / BEST_SHARDED).mkdir()
+    assert best_checkpoint(tmp_path) == tmp_path / BEST_SHARDED  # the newer of the two
+
+
+def test_a_replaced_folder_cut_short_between_its_renames_is_put_back(tmp_path):
+    from train.checkpoint_shards import recover_replaced, replace_folder
+
+    (tmp_path / "best.dcp").mkdir()
+    (tmp_path / "best.dcp" / "a").write_text("old")
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "a").write_text("new")
+    replace_folder(tmp_path / "new", tmp_path / "best.dcp")
+    assert (tmp_path / "best.dcp" / "a").read_text() == "new" and not (tmp_path / ".best.dcp.old").exists()
+    os.rename(tmp_path / "best.dcp", tmp_path / ".best.dcp.old")  # as a crash after the first rename leaves it
+    assert recover_replaced(tmp_path) == [tmp_path / "best.dcp"]
+    assert (tmp_path / "best.dcp" / "a").read_text() == "new"
+
+
+def _hand_made_folder(folder):
+    """A sharded checkpoint's files without DCP: what damaged() checks is the manifest against the files."""
+    from train.checkpoint import sealed
+    from train.checkpoint_shards import COMPONENTS, MANIFEST, file_digest
+
+    folder.mkdir()
+    (folder / "__0_0.distcp").write_bytes(b"rank 0's shards")
+    (folder / "__1_0.distcp").write_bytes(b"rank 1's shards")
+    torch.save(sealed({"progress": {"global_step": 2}}), folder / COMPONENTS)
+    files = {p.name: file_digest(p) for p in folder.iterdir()}
+    (folder / MANIFEST).write_text(json.dumps({"format": "dcp", "ranks": 2, "files": files}))
+    return folder
+
+
+def test_a_sharded_checkpoint_is_damaged_by_any_file_missing_cut_or_changed(tmp_path):
+    from train.checkpoint import small_components
+
+    folder = _hand_made_folder(tmp_path / "step_00000002.dcp")
+    assert unreadable(folder) is None and small_components(folder)["progress"] == {"global_step": 2}
+    (folder / "__1_0.distcp").write_bytes(b"rank 1's shardz")  # same size, other bytes
+    assert re.fullmatch(r"__1_0\.distcp hashes to \w+, but \w+ was written", unreadable(folder))
+    (folder / "__1_0.distcp").write_bytes(b"cut")
+    assert unreadable(folder) == "__1_0.distcp holds 3 bytes, 15 were written"
+    (folder / "__1_0.distcp").unlink()
+    assert unreadable(folder) == "__1_0.distcp is missing"
+    (folder / "manifest.json").unlink()
+    assert unreadable(folder).startswith("its manifest.json cannot be read")
+    with pytest.raises(DataError, match=r"step_00000002.dcp cannot be used \(its manifest.json cannot be read"):
+        load_checkpoint(folder)
+
+
+def test_shards_that_other_nodes_wrote_elsewhere_are_refused_before_the_folder_is_named(tmp_path):
+    from train.checkpoint_shards import _seal_folder
+
+    partial = tmp_path / ".step_00000002.dcp.partial"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"x")
+    digests = [{"__0_0.distcp": {"bytes": 1, "xxh3_128": "0"}}, {"__1_0.distcp": {"bytes": 1, "xxh3_128": "0"}}]
+    with pytest.raises(
+        ConfigError, match=r"the shards __1_0.distcp written by other ranks are not in .*dist.checkpoint=full"
+    ):
+        _seal_folder(partial, tmp_path / "step_00000002.dcp", {}, digests)
+    assert not (tmp_path / "step_00000002.dcp").exists()

@@ -12,8 +12,8 @@ benchmarks, each writing NAME.json/.md to --out.
   (train/bench/finetune.py);
 - sweep: an 8-trial search over the FNO's width, modes and learning rate against the default config
   (train/bench/sweep.py);
-- parallel: ddp, fsdp and hsdp on 2 and 4 CPU ranks: model state per rank, step time, checkpoint write and load
-  (train/bench/parallel.py);
+- parallel: ddp, fsdp and hsdp on 2 and 4 CPU ranks: model state per rank, step time, checkpoint write and load,
+  sharded and full (train/bench/parallel.py);
 - all (the default, also when only options are given): all nine (not scale), with their default sizes.
 """
 

@@ -2,10 +2,11 @@
 where the model state matters (d_model 256, 8 layers: about 6 M parameters, 100 MB of weights, gradients and
 AdamW state under ddp).
 
-Per (ranks, strategy), one ``python -m train fit`` of configs/tiny.yaml's data (30 steps, a checkpoint at step 20)
-and one more resuming from that checkpoint: rank 0's model state (its shards: weights, gradients, optimizer
-state, from the tensors), its peak RSS, the median step time of the windows after the first, the checkpoint's
-write time (gathered from the shards) and the resume's load (sharded again). Targets: fsdp's model state per
+Per (ranks, strategy, checkpoint form), one ``python -m train fit`` of configs/tiny.yaml's data (30 steps, a
+checkpoint at step 20) and one more resuming from that checkpoint: rank 0's model state (its shards: weights,
+gradients, optimizer state, from the tensors), its peak RSS, the median step time of the windows after the
+first, the checkpoint's write time and the resume's load: of every rank's shards (dist.checkpoint=sharded), or
+gathered onto rank 0 and written as one file, then sharded again as it loads (full). Targets: fsdp's model state per
 rank at most 0.6x ddp's on 2 ranks and 0.35x on 4.
 """
 
@@ -25,7 +26,8 @@ from train.obs.sinks import read_metrics
 REPO = Path(__file__).resolve().parents[2]
 MODEL = ["model.name=transformer", "model.transformer.d_model=256", "model.transformer.n_layers=8",
          "model.transformer.n_heads=8", "train.objective=one_step"]  # fmt: skip
-PLAN = [(2, "ddp"), (2, "fsdp"), (4, "ddp"), (4, "fsdp"), (4, "hsdp")]
+PLAN = [(2, "ddp", "full"), (2, "fsdp", "sharded"), (2, "fsdp", "full"), (4, "ddp", "full"), (4, "fsdp", "sharded"),
+        (4, "fsdp", "full"), (4, "hsdp", "sharded")]  # fmt: skip
 TARGETS = {2: 0.6, 4: 0.35}
 
 
@@ -41,14 +43,18 @@ def _fit(workdir: Path, run: str, nproc: int, strategy: str, *extra: str) -> lis
     return read_metrics(workdir / "runs" / run / "metrics.jsonl")
 
 
-def measure(workdir: Path, nproc: int, strategy: str) -> dict:
-    run = f"{strategy}-{nproc}"
-    records = [r for r in _fit(workdir, run, nproc, strategy) if "step_time_s" in r]
-    source = workdir / "runs" / run / "checkpoints" / checkpoint_name(20)
-    resumed = [r for r in _fit(workdir, f"{run}-resumed", nproc, strategy, f"train.resume={source}") if "step" in r]
+def measure(workdir: Path, nproc: int, strategy: str, form: str) -> dict:
+    run, checkpoint = f"{strategy}-{nproc}-{form}", f"dist.checkpoint={form}"
+    records = [r for r in _fit(workdir, run, nproc, strategy, checkpoint) if "step_time_s" in r]
+    source = (
+        workdir / "runs" / run / "checkpoints" / checkpoint_name(20, sharded=strategy != "ddp" and form == "sharded")
+    )
+    resumed = [r for r in _fit(workdir, f"{run}-resumed", nproc, strategy, checkpoint, f"train.resume={source}")
+               if "step" in r]  # fmt: skip
     return {
         "ranks": nproc,
         "strategy": strategy,
+        "checkpoint": form,
         "model_state_mib": records[0]["model_state_mib"],
         "peak_rss_mib": max(r["rss_mib"] for r in records),
         "step_time_s": statistics.median(r["step_time_s"] for r in records[1:]),
@@ -60,7 +66,7 @@ def measure(workdir: Path, nproc: int, strategy: str) -> dict:
 
 def run(out: Path, workdir: Path) -> dict:
     load_before = os.getloadavg()[0]
-    rows = [measure(workdir, nproc, strategy) for nproc, strategy in PLAN]
+    rows = [measure(workdir, nproc, strategy, form) for nproc, strategy, form in PLAN]
     ddp = {r["ranks"]: r for r in rows if r["strategy"] == "ddp"}
     for r in rows:
         base = ddp[r["ranks"]]
@@ -74,10 +80,12 @@ def run(out: Path, workdir: Path) -> dict:
     }
     result = {"rows": rows, "machine": machine_figures(load_before), "targets": targets, "model": MODEL}
     lines = [
-        "| ranks | strategy | model state / rank | vs ddp | peak RSS | step time | vs ddp | checkpoint write | load |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| ranks | strategy | checkpoint | model state / rank | vs ddp | peak RSS | step time | vs ddp | "
+        "checkpoint write | load |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
         *(
-            f"| {r['ranks']} | {r['strategy']} | {r['model_state_mib']:.1f} MiB | {r['state_vs_ddp']:.2f}x | "
+            f"| {r['ranks']} | {r['strategy']} | {r['checkpoint']} | {r['model_state_mib']:.1f} MiB | "
+            f"{r['state_vs_ddp']:.2f}x | "
             f"{r['peak_rss_mib']:.0f} MiB | {1e3 * r['step_time_s']:.0f} ms | {r['step_vs_ddp']:.2f}x | "
             f"{r['checkpoint_write_s']:.2f} s | {r['checkpoint_load_s']:.2f} s |"
             for r in rows

@@ -16,11 +16,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from train import checkpoint_shards as shards
 from train.checkpoint import load_checkpoint
 from train.distributed.env import DistEnv
 from train.errors import DataError, DistributedError
 
 _FAILED = -1
+_FOLDER = b"\x00folder:"
+"""Starts rank 0's payload when it chose a sharded checkpoint: its name follows, not its bytes."""
 
 
 def spans_nodes(env: DistEnv) -> bool:
@@ -28,14 +31,18 @@ def spans_nodes(env: DistEnv) -> bool:
 
 
 def shared_checkpoint(
-    env: DistEnv, folder: Path, choose: Callable[[], Path | None], sha1: str | None = None
+    env: DistEnv, folder: Path, choose: Callable[[], Path | None], sha1: str | None = None, whole: bool = True
 ) -> tuple[Path | None, dict[str, Any] | None]:
     """(path, components) of the checkpoint ``choose`` picks on rank 0, on every rank; (None, None) when it
-    picks none. ``sha1``: what the file must hash to (node 0's launcher decided on exactly those bytes)."""
+    picks none. ``sha1``: what the file must hash to (node 0's launcher decided on exactly those bytes).
+    ``whole=False``: of a sharded checkpoint (a folder, in a run folder every rank reads), only the components
+    beside the shards; the caller's ranks read their own shards."""
     if not spans_nodes(env):
         path = choose()
         if path is None:
             return None, None
+        if shards.is_sharded_checkpoint(path):
+            return path, _open_folder(path, sha1, whole)
         if sha1 is None:
             return path, load_checkpoint(path)
         data = _read(path)  # read once: hashed, then loaded from the same bytes
@@ -45,7 +52,9 @@ def shared_checkpoint(
     if env.is_main:
         try:
             path = choose()
-            if path is not None:
+            if path is not None and shards.is_sharded_checkpoint(path):
+                payload = _FOLDER + path.name.encode()  # every rank reads it from the shared folder
+            elif path is not None:
                 data = _read(path)
                 if sha1 is not None:
                     _check_sha1(path, data, sha1)
@@ -59,9 +68,24 @@ def shared_checkpoint(
         raise DistributedError("rank 0 could not read the checkpoint to start from; its log says why")
     if not received:
         return None, None
+    if received.startswith(_FOLDER):
+        path = folder / received[len(_FOLDER) :].decode()
+        if not shards.is_sharded_checkpoint(path):
+            raise DataError(
+                f"sharded checkpoint {path.name} is in rank 0's run folder but not in {folder} on this node: a "
+                "sharded checkpoint needs one folder every node reads (a shared file system); use "
+                "dist.checkpoint=full or auto"
+            )
+        return path, _open_folder(path, sha1, whole)
     name, _, data = received.partition(b"\n")
     path = folder / name.decode()
     return path, load_checkpoint(path, data)
+
+
+def _open_folder(path: Path, sha1: str | None, whole: bool) -> dict[str, Any]:
+    if sha1 is not None and (got := shards.manifest_sha1(path)) != sha1:
+        _changed(path, got, sha1)
+    return load_checkpoint(path) if whole else shards.components(path)
 
 
 def _read(path: Path) -> bytes:
@@ -74,10 +98,14 @@ def _read(path: Path) -> bytes:
 def _check_sha1(path: Path, data: bytes, sha1: str) -> None:
     got = hashlib.sha1(data).hexdigest()
     if got != sha1:
-        raise DataError(
-            f"checkpoint {path} changed after the launcher chose it (SHA1 {got}, chosen {sha1}): something else "
-            "writes into this run folder; stop it and re-run the same command"
-        )
+        _changed(path, got, sha1)
+
+
+def _changed(path: Path, got: str, sha1: str) -> None:
+    raise DataError(
+        f"checkpoint {path} changed after the launcher chose it (SHA1 {got}, chosen {sha1}): something else "
+        "writes into this run folder; stop it and re-run the same command"
+    )
 
 
 def _broadcast_bytes(payload: bytes, env: DistEnv, *, failed: bool) -> bytes | None:

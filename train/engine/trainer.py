@@ -13,12 +13,16 @@ import logging
 import math
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from train import checkpoint_shards
 from train.checkpoint import (
+    BEST,
+    BEST_SHARDED,
     CONFIG,
     DATA,
     MODEL,
@@ -32,8 +36,10 @@ from train.checkpoint import (
     WEIGHTS_FROM,
     RunState,
     check_same_model,
+    checkpoint_name,
     latest_checkpoint,
     load_model_state,
+    prune,
     resume_source,
     save_best,
     save_checkpoint,
@@ -138,6 +144,7 @@ class Trainer:
         find_unused = self.weighted or cfg.train.find_unused_parameters
         self.ddp = parallel.wrap(trained, self.model, env, cfg, find_unused, self.precision)
         self.sharded = parallel.is_sharded(self.model)
+        self.shard_checkpoints = self.sharded and parallel.writes_shards(cfg, env)
         self.forward = compile_model(self.ddp, cfg.compile, env)
         self.compiling = compile_enabled(cfg.compile, env.device)
         self.graphed = captures_graphs(cfg.compile, env)
@@ -171,12 +178,13 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict:
+    def state_dict(self, whole: bool = True) -> dict:
         """A checkpoint's components (train.checkpoint's keys): model, optimizer, schedule, scaler, progress,
-        and the config and task specs it was trained with."""
+        and the config and task specs it was trained with; ``whole=False``: all but the model and optimizer
+        (which a sharded checkpoint's ranks write as shards)."""
         return {
-            MODEL: parallel.model_state(self.model),
-            OPTIMIZER: parallel.optimizer_state(self.model, self.optimizer),
+            **({MODEL: parallel.model_state(self.model)} if whole else {}),
+            **({OPTIMIZER: parallel.optimizer_state(self.model, self.optimizer)} if whole else {}),
             SCHEDULER: self.scheduler.state_dict(),
             **({SCALER: self.scaler.state_dict()} if self.scaler is not None else {}),
             PROGRESS: asdict(self.state),
@@ -189,9 +197,20 @@ class Trainer:
         }
 
     def load_state_dict(self, saved: dict, path=None) -> None:
-        """Continue from a checkpoint's components (as :meth:`state_dict` wrote them; ``path`` names it)."""
-        load_model_state(self.model, saved[MODEL], path or self.checkpoints, parallel.load_model)
-        parallel.load_optimizer(self.model, self.optimizer, saved[OPTIMIZER])
+        """Continue from a checkpoint's components (as :meth:`state_dict` wrote them; ``path`` names it). Of a
+        sharded checkpoint (a folder), a sharded model reads its own shards, any other the consolidated state."""
+        if path is not None and checkpoint_shards.is_sharded_checkpoint(path):
+            if self.sharded:
+
+                def read_shards(model: nn.Module, _) -> None:
+                    checkpoint_shards.load_shards(path, model, self.optimizer)
+
+                load_model_state(self.model, None, path, read_shards)
+            elif MODEL not in saved:
+                saved = {**saved, **checkpoint_shards.consolidated(path)}
+        if MODEL in saved:
+            load_model_state(self.model, saved[MODEL], path or self.checkpoints, parallel.load_model)
+            parallel.load_optimizer(self.model, self.optimizer, saved[OPTIMIZER])
         self.scheduler.load_state_dict(saved[SCHEDULER])
         if self.scaler is not None and SCALER in saved:
             self.scaler.load_state_dict(saved[SCALER])
@@ -204,7 +223,8 @@ class Trainer:
         # resume=never is carried out by the launcher, which archives older checkpoints once per launch: a
         # group restarted after a failure continues from what this launch wrote.
         own = "auto" if policy == "never" else policy
-        path, saved = shared_checkpoint(self.env, self.checkpoints, lambda: resume_source(own, self.checkpoints), sha1)
+        choose = lambda: resume_source(own, self.checkpoints)  # noqa: E731
+        path, saved = shared_checkpoint(self.env, self.checkpoints, choose, sha1, whole=not self.sharded)
         if path is None or saved is None:
             return
         check_same_model(saved, self.cfg.model, {t.name: t.spec.as_dict() for t in self.tasks}, path, "resume from")
@@ -252,11 +272,23 @@ class Trainer:
         if self.env.is_main:
             self._check_mapped_sources()
         began = time.perf_counter()
-        state = self._gathered_state()
-        if self.env.is_main:
-            save_checkpoint(self.checkpoints, self.state.global_step, state, self.cfg.train.keep_checkpoints)
+        if self.shard_checkpoints:
+            folder, step = self.checkpoints, self.state.global_step
+            self._save_shards(folder / checkpoint_name(step, sharded=True))
+            if self.env.is_main:
+                prune(folder, self.cfg.train.keep_checkpoints)
+                log.info("checkpoint saved: %s (every rank's shards)", folder / checkpoint_name(step, sharded=True))
+        else:
+            state = self._gathered_state()
+            if self.env.is_main:
+                save_checkpoint(self.checkpoints, self.state.global_step, state, self.cfg.train.keep_checkpoints)
         dist.barrier()
         self.timings["checkpoint_s"] = time.perf_counter() - began  # in the next metrics record
+
+    def _save_shards(self, final: Path) -> None:
+        """Every rank writes its shards into the folder ``final``; rank 0 the other components."""
+        components = self.state_dict(whole=False) if self.env.is_main else None
+        checkpoint_shards.save_shards(final, self.model, self.optimizer, components, self.env.rank)
 
     def _gathered_state(self) -> dict | None:
         """The checkpoint's components on rank 0 (None elsewhere); a sharded model's are gathered by every rank."""
@@ -472,9 +504,14 @@ class Trainer:
             "validation at step %d: %s (%s %.4g%s)", s.global_step, ", ".join(f"{k} {v:.4g}" for k, v in val.items()),
             cfg.val_metric, score, ", best" if improved else f", {s.bad_validations} without improvement",
         )  # fmt: skip
-        state = self._gathered_state() if improved else None
-        if improved and self.env.is_main:
-            save_best(self.checkpoints, state)
+        if improved and self.shard_checkpoints:
+            self._save_shards(self.checkpoints / BEST_SHARDED)
+            if self.env.is_main:  # one best: the one just written
+                (self.checkpoints / BEST).unlink(missing_ok=True)
+        elif improved:
+            state = self._gathered_state()
+            if self.env.is_main:
+                save_best(self.checkpoints, state)
         if stop and not s.early_stopped:
             log.info("early stop at step %d: %d validations without improvement", s.global_step, s.bad_validations)
             s.early_stopped = True

@@ -15,9 +15,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-
-from train.checkpoint import BEST, DATA, WEIGHTS_FROM, latest_checkpoint, list_checkpoints
+from train.checkpoint import DATA, WEIGHTS_FROM, best_checkpoint, latest_checkpoint, list_checkpoints, small_components
 from train.config import Config
 from train.data.cache.build import CacheInfo
 from train.errors import ConfigError, DataError
@@ -31,7 +29,7 @@ def _recorded(path: Path) -> dict:
     """A checkpoint's small components, read through a memory map (no tensor is read); {} when unreadable
     (the launch plan sets such a file aside)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = small_components(path)
     except Exception:  # any unreadable file is the launch plan's to report
         return {}
     return {key: state[key] for key in (DATA, WEIGHTS_FROM) if isinstance(state, dict) and key in state}
@@ -53,8 +51,8 @@ def check_same_data(cfg: Config, run: RunDir, infos: Mapping[str, CacheInfo]) ->
     this launch found, naming the file and both checksums."""
     if cfg.train.resume == "never":
         return  # the launch archives the checkpoints and starts over on what it found
-    found = [latest_checkpoint(run.checkpoints), run.checkpoints / BEST]
-    for path in [p for p in found if p is not None and p.is_file()]:
+    found = [latest_checkpoint(run.checkpoints), best_checkpoint(run.checkpoints)]
+    for path in [p for p in found if p is not None]:
         recorded = _recorded(path).get(DATA) or {}
         problems = [
             f"task {task}: {d}"

@@ -16,9 +16,8 @@ import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from train.checkpoint import checkpoint_step
+from train.checkpoint import checkpoint_sha1, checkpoint_step
 from train.errors import DistributedError
-from train.remote.store import sha1_of
 
 PLAN_KEY = "train/launch/plan"
 OUTCOME_KEY = "train/launch/outcome"
@@ -40,7 +39,7 @@ class CheckpointRef:
     def of(cls, path: Path) -> CheckpointRef:
         step = checkpoint_step(path.name)
         assert step is not None, f"{path} is no step checkpoint"
-        return cls(path.name, step, sha1_of(path))
+        return cls(path.name, step, checkpoint_sha1(path))
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ class RunMirror:
         """The step checkpoints this mirror verified on the remote, in order."""
         self._sent: dict[str, tuple] = {}  # name on the remote -> signature of the local file it holds
         self._given_up: dict[str, tuple] = {}
+        self._folders_seen: set[str] = set()
         self._errors: dict[str, str] = {}  # name on the remote -> why its last upload failed
         self._finishing, self._abandoned = threading.Event(), threading.Event()
         self._staging = run.root / STAGING
@@ -269,6 +270,15 @@ class RunMirror:
 
     def _checkpoint(self, path: Path, final: bool) -> bool:
         name = f"checkpoints/{path.name}"
+        if path.is_dir():  # a sharded checkpoint, written before run.remote was set (dist.checkpoint=auto)
+            if name not in self._folders_seen:
+                self._folders_seen.add(name)
+                log.warning(
+                    "remote: %s is a sharded checkpoint (a folder), which the mirror does not send; "
+                    "`python -m train consolidate` makes one file of it, or set dist.checkpoint=full",
+                    path,
+                )
+            return False
         if name not in self._sent and self._on_remote(path):
             self._sent[name] = _signature(path)  # mirrored by an earlier launch
             return False

@@ -33,6 +33,7 @@ from train.checkpoint import (
     load_checkpoint,
     load_model_state,
 )
+from train.checkpoint_shards import is_sharded_checkpoint
 from train.config import Config, ModelConfig, TrainConfig, migrate_model_keys
 from train.engine.init_from import sha256_of
 from train.engine.objective import advance
@@ -329,7 +330,7 @@ def resolve_checkpoint(source: str | Path, checkpoint: str | Path = "best", b2_a
     path = Path(source)
     if not path.exists() and (Path("runs") / path).is_dir():  # a run's name, as make's RUN= gives it
         path = Path("runs") / path
-    if path.is_file():
+    if path.is_file() or is_sharded_checkpoint(path):
         return path
     if not path.is_dir():
         raise DataError(f"{path}: no such run folder or checkpoint file; give runs/<name>, a .pt file or b2://...")
@@ -339,8 +340,9 @@ def resolve_checkpoint(source: str | Path, checkpoint: str | Path = "best", b2_a
     elif checkpoint == "latest":
         found = latest_checkpoint(folder)
     else:
-        found = Path(checkpoint) if Path(checkpoint).is_file() else folder / str(checkpoint)
-        if not found.is_file():
+        given = Path(checkpoint)
+        found = given if given.is_file() or is_sharded_checkpoint(given) else folder / str(checkpoint)
+        if not (found.is_file() or is_sharded_checkpoint(found)):
             raise DataError(f"checkpoint {checkpoint}: not a file, nor one in {folder}; use best, latest or a path")
     if found is None:
         raise DataError(f"{folder} holds no checkpoint ({BEST} or step_*.pt): train the run first")
