@@ -278,6 +278,51 @@ def damaged(path: Path) -> str | None:
         return f"{COMPONENTS}: {type(e).__name__}: {e}"
 
 
+def pack(folder: Path, dest: Path) -> None:
+    """The folder's files as one uncompressed tar at ``dest``, the same bytes for the same files (sorted, no
+    times, owners or modes): how the remote mirror sends and keeps a sharded checkpoint, as one unit."""
+    import tarfile
+
+    with tarfile.open(dest, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for path in sorted(folder.iterdir()):
+            info = tarfile.TarInfo(path.name)
+            info.size, info.mode, info.mtime = path.stat().st_size, 0o644, 0
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
+
+
+def unpack(packed: Path, final: Path) -> None:
+    """A checkpoint :func:`pack` made, unpacked as the folder ``final`` once its files match their manifest (an
+    existing ``final`` is replaced); nothing is left under ``final``'s name otherwise."""
+    import tarfile
+
+    partial = final.parent / f".{final.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        with tarfile.open(packed) as tar:
+            for member in tar.getmembers():
+                if not member.isfile() or member.name != Path(member.name).name or member.name in ("", ".", ".."):
+                    raise DataError(f"{packed}: {member.name!r} is no file of a sharded checkpoint")
+                source = tar.extractfile(member)
+                assert source is not None, "a regular member has its bytes"
+                with source, open(partial / member.name, "wb") as out:
+                    shutil.copyfileobj(source, out, _CHUNK)
+                    out.flush()
+                    os.fsync(out.fileno())
+        why = damaged(partial)
+        if why is not None:
+            raise DataError(f"{packed} does not hold an intact sharded checkpoint: {why}")
+        fsync_dir(partial)
+        replace_folder(partial, final)
+    except tarfile.TarError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise DataError(f"{packed} is no packed sharded checkpoint ({e})") from None
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
 def manifest_sha1(path: Path) -> str:
     """The SHA1 of the manifest: it names every file's checksum, so it stands for the folder's content."""
     import hashlib

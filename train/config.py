@@ -451,9 +451,10 @@ class DistConfig(Section):
     """How a sharded model (fsdp, hsdp) is checkpointed. 'sharded': every rank writes its own shards into one
     folder, step_NNNNNNNN.dcp (torch.distributed.checkpoint): no rank ever holds the whole model, and the save
     costs no gathers. 'full': the shards gathered onto rank 0's CPU and written as one .pt file, as under ddp.
-    'auto': sharded where every rank writes into the one run folder (one node) and no run.remote mirrors it,
-    full otherwise (the launcher's mirror and the ranks on other nodes move single files). Either form resumes
-    under any strategy and world size; `python -m train consolidate` turns a folder into one file."""
+    'auto': sharded where every rank writes into the one run folder (one node), full across nodes (a launch hands
+    rank 0's checkpoint to the other nodes as one file). Either form resumes under any strategy and world size,
+    and run.remote mirrors either (a folder packed as one file); `python -m train consolidate` turns a folder
+    into one file."""
 
 
 class SlurmConfig(Section):
@@ -606,12 +607,6 @@ class Config(Section):
                 f"tasks.{latent[0]}.latent_encoder holds the encoder's tokens of true input frames, but "
                 f"train.objective={self.train.objective} feeds the model its own predictions: use "
                 "train.objective=one_step, or remove latent_encoder"
-            )
-        if self.dist.checkpoint == "sharded" and self.run.remote is not None:
-            raise ValueError(
-                "dist.checkpoint=sharded writes each checkpoint as a folder of every rank's shards, which the remote "
-                f"mirror (run.remote={self.run.remote}) does not send: use dist.checkpoint=auto or full (one file, "
-                "mirrored) with a remote"
             )
         for name in self.tasks:
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):

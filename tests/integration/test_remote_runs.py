@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.b2sim import SENTINEL_KEY, Account
-from tests.farm import final_weights, fit_argv
+from tests.farm import VARIANTS, final_weights, fit_argv
 from tests.helpers import REPO, assert_bitwise_equal, folders, launch_in_background, run_cli, wait_for
 from tests.integration.test_faults import start, wait_for_step
+from train import checkpoint_shards as shards
 from train.checkpoint import checkpoint_name, latest_checkpoint
 from train.config import load_config
 from train.errors import Preempted
@@ -45,9 +46,13 @@ def lose_the_machine(tmp: Path) -> None:
         shutil.rmtree(tmp / folder)
 
 
-def test_sigterm_leaves_its_checkpoint_on_the_remote_and_a_new_machine_resumes_bitwise(tmp_path, reference):
+@pytest.mark.parametrize("variant", ["one_step", "fsdp"])
+def test_sigterm_leaves_its_checkpoint_on_the_remote_and_a_new_machine_resumes_bitwise(tmp_path, farm, variant):
+    """Under fsdp the checkpoint is a folder of every rank's shards: the mirror sends it packed as one file,
+    verified, and the new machine unpacks it, checked against its manifest, before the ranks read their shards."""
+    reference = farm.reference(variant)
     remote_dir = tmp_path / "shared"
-    argv = ["--set", f"run.remote={remote_dir}"]
+    argv = ["--set", f"run.remote={remote_dir}", *VARIANTS[variant]]
     at = random.Random().randrange(15, 120)
     print(f"SIGTERM to the job at step {at}")
     proc = start(tmp_path / "box", "run", *argv)
@@ -58,11 +63,14 @@ def test_sigterm_leaves_its_checkpoint_on_the_remote_and_a_new_machine_resumes_b
 
     assert proc.returncode == 75, err[-4000:]
     marker = json.loads((run_dir / "preempted.json").read_text())
-    saved = checkpoint_name(marker["global_step"])
+    saved = checkpoint_name(marker["global_step"], sharded=variant == "fsdp")
     remote = open_remote(str(remote_dir), "run")
     pointer = read_pointer(remote)  # read after the launcher exited: it waited for this upload
     assert pointer["checkpoint"] == saved, (pointer, err[-3000:])
     local, mirrored = run_dir / "checkpoints" / saved, remote.path(f"checkpoints/{saved}")
+    if variant == "fsdp":  # what was sent: the folder packed as one file
+        shards.pack(local, tmp_path / "packed")
+        local = tmp_path / "packed"
     assert pointer["kept"][0]["sha1"] == sha1_of(local) == sha1_of(mirrored)
     assert f"remote: {remote.url} holds the run up to {saved}, verified" in err
     assert remote.stat("logs/rank0.log") is not None

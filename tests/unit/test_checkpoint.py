@@ -443,3 +443,29 @@ def test_shards_that_other_nodes_wrote_elsewhere_are_refused_before_the_folder_i
     ):
         _seal_folder(partial, tmp_path / "step_00000002.dcp", {}, digests)
     assert not (tmp_path / "step_00000002.dcp").exists()
+
+
+def test_a_packed_sharded_checkpoint_is_the_same_bytes_for_the_same_files_and_unpacks_only_intact(tmp_path):
+    import tarfile
+
+    from train.checkpoint_shards import pack, unpack
+
+    folder = _hand_made_folder(tmp_path / "step_00000002.dcp")
+    pack(folder, tmp_path / "a.tar")
+    os.utime(folder / "__0_0.distcp", (5, 5))  # times and owners are not packed: the SHA1 names the content
+    pack(folder, tmp_path / "b.tar")
+    assert (tmp_path / "a.tar").read_bytes() == (tmp_path / "b.tar").read_bytes()
+    unpack(tmp_path / "a.tar", tmp_path / "fetched" / "step_00000002.dcp")
+    assert unreadable(tmp_path / "fetched" / "step_00000002.dcp") is None
+
+    (folder / "__1_0.distcp").write_bytes(b"rank 1's shardz")  # packed after its bytes changed
+    pack(folder, tmp_path / "changed.tar")
+    with pytest.raises(DataError, match=r"does not hold an intact sharded checkpoint: __1_0.distcp hashes to"):
+        unpack(tmp_path / "changed.tar", tmp_path / "fetched" / "step_00000004.dcp")
+    assert sorted(p.name for p in (tmp_path / "fetched").iterdir()) == ["step_00000002.dcp"]  # nothing partial
+
+    with tarfile.open(tmp_path / "escape.tar", "w") as tar:
+        tar.add(folder / "manifest.json", arcname="../manifest.json")
+    with pytest.raises(DataError, match=r"'../manifest.json' is no file of a sharded checkpoint"):
+        unpack(tmp_path / "escape.tar", tmp_path / "fetched" / "step_00000006.dcp")
+    assert not (tmp_path / "manifest.json").exists()

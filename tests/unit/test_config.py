@@ -585,9 +585,3 @@ def test_a_misspelt_model_name_is_blamed_on_the_override_with_the_name_meant(rep
     with pytest.raises(ConfigError, match=r"(?s)^--set model\.name=FNO: invalid override .*'FNO' is neither a built-in "
                        r"model .*\(did you mean fno\?\)"):  # fmt: skip
         load_config(repo / "configs" / "tiny.yaml", ["model.name=FNO"])
-
-
-def test_sharded_checkpoints_with_a_remote_mirror_are_refused_naming_both(minimal):
-    with pytest.raises(ConfigError, match=r"dist.checkpoint=sharded .*\(run.remote=b2://bucket/runs\)"):
-        load_config(minimal, ["dist.checkpoint=sharded", "run.remote=b2://bucket/runs"])
-    assert load_config(minimal, ["dist.checkpoint=auto", "run.remote=b2://bucket/runs"]).dist.checkpoint == "auto"

@@ -164,11 +164,11 @@ def wrap(root: nn.Module, model: nn.Module, env: DistEnv, cfg: Config, find_unus
 
 def writes_shards(cfg: Config, env: DistEnv) -> bool:
     """Whether a sharded model's checkpoints are every rank's shards in one folder (dist.checkpoint): 'auto'
-    when every rank writes into the one run folder (one node) and no run.remote mirrors it (the launcher's
-    mirror and the ranks on other nodes move single files)."""
+    when every rank writes into the one run folder (one node; across nodes a launch hands rank 0's checkpoint
+    to the others as one file)."""
     if cfg.dist.checkpoint != "auto":
         return cfg.dist.checkpoint == "sharded"
-    return env.world_size == env.local_world_size and cfg.run.remote is None
+    return env.world_size == env.local_world_size
 
 
 def is_sharded(model: nn.Module) -> bool:

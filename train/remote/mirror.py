@@ -25,10 +25,11 @@ import threading
 import time
 from pathlib import Path
 
+from train import checkpoint_shards as shards
 from train import run_files
 from train.atomic import write_json_atomic
-from train.checkpoint import BEST, checkpoint_step, latest_checkpoint, unreadable
-from train.errors import TrainError
+from train.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint, unreadable
+from train.errors import DataError, TrainError
 from train.remote.lease import RemoteLease
 from train.remote.pointer import POINTER, belongs_to, read_pointer
 from train.remote.store import LocalFile, Remote, sha1_of
@@ -48,7 +49,8 @@ RUN_FILES = (run_files.CONFIG, run_files.WANDB_STATE)
 
 
 def _signature(path: Path) -> tuple[int, int, int]:
-    st = path.stat()
+    # A sharded checkpoint's manifest is written last, once per save: it stands for the folder.
+    st = (path / shards.MANIFEST if path.is_dir() else path).stat()
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
@@ -82,7 +84,6 @@ class RunMirror:
         """The step checkpoints this mirror verified on the remote, in order."""
         self._sent: dict[str, tuple] = {}  # name on the remote -> signature of the local file it holds
         self._given_up: dict[str, tuple] = {}
-        self._folders_seen: set[str] = set()
         self._errors: dict[str, str] = {}  # name on the remote -> why its last upload failed
         self._finishing, self._abandoned = threading.Event(), threading.Event()
         self._staging = run.root / STAGING
@@ -205,7 +206,7 @@ class RunMirror:
             return
         newest = latest_checkpoint(self.run.checkpoints)
         sent_checkpoint = newest is not None and self._checkpoint(newest, final)
-        if (self.run.checkpoints / BEST).is_file():
+        if best_checkpoint(self.run.checkpoints) is not None:
             self._best(final)
         for name in RUN_FILES:
             if (self.run.root / name).is_file():
@@ -261,6 +262,15 @@ class RunMirror:
             got = sha1_of(tmp)
             if got != sha1:
                 return f"SHA1 {got} fetched, {sha1} listed"
+            if name.endswith(shards.SUFFIX):  # a packed sharded checkpoint: its files against their manifest
+                folder = self._staging / f".check.{name.replace('/', '__')}.unpacked{shards.SUFFIX}"
+                try:
+                    shards.unpack(tmp, folder)
+                except DataError as e:
+                    return str(e)
+                finally:
+                    shards.remove(folder)
+                return None
             return unreadable(tmp)
         except (TrainError, OSError) as e:
             log.warning("remote: %s/%s could not be fetched to check it (%s)", self.remote.url, name, e)
@@ -270,15 +280,6 @@ class RunMirror:
 
     def _checkpoint(self, path: Path, final: bool) -> bool:
         name = f"checkpoints/{path.name}"
-        if path.is_dir():  # a sharded checkpoint, written before run.remote was set (dist.checkpoint=auto)
-            if name not in self._folders_seen:
-                self._folders_seen.add(name)
-                log.warning(
-                    "remote: %s is a sharded checkpoint (a folder), which the mirror does not send; "
-                    "`python -m train consolidate` makes one file of it, or set dist.checkpoint=full",
-                    path,
-                )
-            return False
         if name not in self._sent and self._on_remote(path):
             self._sent[name] = _signature(path)  # mirrored by an earlier launch
             return False
@@ -310,20 +311,32 @@ class RunMirror:
         """Whether the pointer already lists ``path``'s bytes (a re-launch on the same machine sends nothing)."""
         entries = [*(self.pointer or {}).get("kept", []), (self.pointer or {}).get("best") or {}]
         known = [e for e in entries if e.get("name") == path.name]
+        if not known:
+            return False
         try:
-            return bool(known) and known[0].get("sha1") == sha1_of(path)
+            if path.is_dir():  # the sha1 of its packed form, which is what was sent
+                packed = self._staging / f".on-remote.{path.name}"
+                try:
+                    shards.pack(path, packed)
+                    return known[0].get("sha1") == sha1_of(packed)
+                finally:
+                    packed.unlink(missing_ok=True)
+            return known[0].get("sha1") == sha1_of(path)
         except FileNotFoundError:
             return False
 
     def _best(self, final: bool) -> None:
-        name = f"checkpoints/{BEST}"
-        if name not in self._sent and self._on_remote(self.run.checkpoints / BEST):
-            self._sent[name] = _signature(self.run.checkpoints / BEST)
+        path = best_checkpoint(self.run.checkpoints)
+        if path is None:
             return
-        staged = self._upload(name, self.run.checkpoints / BEST, final, link=True)
+        name = f"checkpoints/{path.name}"
+        if name not in self._sent and self._on_remote(path):
+            self._sent[name] = _signature(path)
+            return
+        staged = self._upload(name, path, final, link=True)
         if staged is None:
             return
-        best = {"name": BEST, "size": staged.size, "sha1": staged.sha1}
+        best = {"name": path.name, "size": staged.size, "sha1": staged.sha1}
         if self.identity is not None:
             best["run"] = self.identity
         if self._write_pointer({**(self.pointer or {"checkpoint": None, "kept": []}), "best": best}, final):
@@ -408,7 +421,9 @@ class RunMirror:
         for attempt in range(2):
             snapshot.unlink(missing_ok=True)
             try:
-                if link:
+                if path.is_dir():  # a sharded checkpoint: its files packed as one, the unit that is sent
+                    shards.pack(path, snapshot)
+                elif link:
                     os.link(path, snapshot)  # the same bytes, whatever keep-k or the next save does to the name
                 else:
                     shutil.copyfile(path, snapshot)  # appended to in place (metrics, logs): a copy freezes it

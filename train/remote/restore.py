@@ -12,9 +12,10 @@ import logging
 import tempfile
 from pathlib import Path
 
+from train import checkpoint_shards as shards
 from train import run_files
 from train.atomic import atomic_path
-from train.checkpoint import BEST, checkpoint_step, list_checkpoints, unreadable
+from train.checkpoint import BEST, BEST_SHARDED, checkpoint_step, list_checkpoints, unreadable
 from train.config import Config, load_config, run_identity, training_differences
 from train.errors import ConfigError, DataError
 from train.remote.mirror import RUN_FILES
@@ -26,14 +27,21 @@ log = logging.getLogger(__name__)
 
 
 def fetch_verified(remote: Remote, name: str, dest: Path, sha1: str | None) -> None:
-    """``name`` into ``dest`` (atomically) when its bytes have SHA1 ``sha1`` (None: the remote's own, if known)."""
+    """``name`` into ``dest`` (atomically) when its bytes have SHA1 ``sha1`` (None: the remote's own, if known).
+    A sharded checkpoint (``dest`` a ``.dcp`` name) is kept there packed as one file: it is unpacked into the
+    folder ``dest`` once its files match their manifest."""
     if sha1 is None and (stat := remote.stat(name)) is not None:
         sha1 = stat.sha1
-    with atomic_path(dest) as tmp:
+    packed = dest.suffix == shards.SUFFIX
+    with atomic_path(dest.parent / f"{dest.name}.packed" if packed else dest) as tmp:
         remote.download(name, tmp)
         got = sha1_of(tmp)
         if sha1 is not None and got != sha1:
             raise DataError(f"{remote.url}/{name}: SHA1 {got}, but {sha1} was verified after its upload")
+        if packed:
+            shards.unpack(tmp, dest)
+    if packed:
+        (dest.parent / f"{dest.name}.packed").unlink(missing_ok=True)
 
 
 def check_remote_config(cfg: Config, remote: Remote) -> None:
@@ -104,7 +112,7 @@ def restore_run(cfg: Config, run: RunDir, remote: Remote) -> str | None:
             fetch_verified(remote, f"checkpoints/{name}", run.checkpoints / name, entry.get("sha1"))
             damaged = unreadable(run.checkpoints / name)
             if damaged is not None:  # the bytes the pointer names, but not the bytes that were saved
-                (run.checkpoints / name).unlink()
+                shards.remove(run.checkpoints / name)
                 raise DataError(f"{remote.url}/checkpoints/{name}: {damaged}")
         except DataError as e:
             log.error("remote: %s is not used (%s); trying the one before it", name, e)
@@ -122,14 +130,15 @@ def restore_run(cfg: Config, run: RunDir, remote: Remote) -> str | None:
         )
     best = pointer.get("best")
     if best and belongs_to(best, identity):
+        name = best.get("name") if best.get("name") in (BEST, BEST_SHARDED) else BEST
         try:
-            fetch_verified(remote, f"checkpoints/{BEST}", run.checkpoints / BEST, best.get("sha1"))
-            damaged = unreadable(run.checkpoints / BEST)
+            fetch_verified(remote, f"checkpoints/{name}", run.checkpoints / name, best.get("sha1"))
+            damaged = unreadable(run.checkpoints / name)
             if damaged is not None:
-                (run.checkpoints / BEST).unlink()
-                raise DataError(f"{remote.url}/checkpoints/{BEST}: {damaged}")
+                shards.remove(run.checkpoints / name)
+                raise DataError(f"{remote.url}/checkpoints/{name}: {damaged}")
         except DataError as e:
-            log.warning("remote: best.pt is not used (%s); validation chooses a new best from here", e)
+            log.warning("remote: %s is not used (%s); validation chooses a new best from here", name, e)
     for name in (run_files.METRICS, *RUN_FILES):
         if not (run.root / name).exists() and remote.stat(name) is not None:
             try:

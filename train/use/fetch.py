@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from train.checkpoint import BEST
+from train.checkpoint import BEST, BEST_SHARDED, unreadable
 from train.errors import DataError
 from train.remote.pointer import POINTER, read_pointer
 from train.remote.restore import fetch_verified
@@ -35,10 +35,14 @@ def fetch_remote_checkpoint(url: str, b2_api=None) -> Path:
     entry = pointer.get("best") or (pointer.get("kept") or [None])[0]
     if not entry:
         raise DataError(f"{url}/{POINTER} lists no checkpoint yet")
-    name = BEST if entry is pointer.get("best") else entry["name"]
+    name = entry["name"]
+    if entry is pointer.get("best") and name not in (BEST, BEST_SHARDED):
+        name = BEST
     dest = model_cache() / url.removeprefix("b2://") / name
     sha1 = entry.get("sha1")
     if dest.is_file() and sha1 and sha1_of(dest) == sha1:
+        return dest
+    if dest.is_dir() and unreadable(dest) is None:  # a sharded checkpoint fetched before, checked against its manifest
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     fetch_verified(remote, f"checkpoints/{name}", dest, sha1)
