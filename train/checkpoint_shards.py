@@ -34,8 +34,6 @@ from train.errors import ConfigError, DataError, DistributedError
 SUFFIX = ".dcp"
 MANIFEST = "manifest.json"
 COMPONENTS = "components.pt"
-SHARDED = ("model", "optimizer")
-"""The components DCP writes as shards (the names of train.checkpoint's MODEL and OPTIMIZER)."""
 _CHUNK = 1 << 22
 
 
@@ -51,8 +49,9 @@ def file_digest(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "xxh3_128": h.hexdigest()}
 
 
-def save_shards(final: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, components: dict | None,
-                rank: int) -> None:  # fmt: skip
+def save_shards(
+    final: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, components: dict | None, rank: int
+) -> None:
     """Every rank calls: its shards of ``model`` and ``optimizer`` written into ``final`` (a folder), rank 0's
     ``components`` (the checkpoint's other components, sealed as a file checkpoint is) beside them. A failure on
     any rank (a full disk) raises on every rank and leaves nothing under ``final``; what ``final`` held before
@@ -110,7 +109,8 @@ def _seal_folder(partial: Path, final: Path, components: dict | None, digests: l
         raise ConfigError(
             f"dist.checkpoint=sharded: the shards {', '.join(absent[:4])} written by other ranks are not in "
             f"{final.parent} on rank 0's node; a sharded checkpoint needs one folder every rank writes into (a "
-            "shared file system). Use dist.checkpoint=full or auto (auto writes one file across nodes)"
+            "shared file system). Use dist.checkpoint=auto (one file where the nodes keep run folders of their own) "
+            "or full"
         )
     for path in partial.iterdir():  # .metadata, components.pt, and any file a rank did not name
         if path.name not in files and path.name != MANIFEST:
@@ -224,9 +224,12 @@ def consolidated(path: Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    from train.checkpoint import INTEGRITY
+
+    # The empty planner fills ``state`` with whatever the metadata names, whole: what dcp_to_torch_save does.
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=dcp.FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
-                     no_dist=True)  # fmt: skip
+    reader, planner = dcp.FileSystemReader(path), _EmptyStateDictLoadPlanner()
+    _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
     optimizer = state.get("optimizer", {})
     names = [name for group in optimizer.get("param_groups", []) for name in group["params"]]
     index = {name: i for i, name in enumerate(names)}
@@ -234,8 +237,6 @@ def consolidated(path: Path) -> dict[str, Any]:
         "state": {index[name]: value for name, value in optimizer.get("state", {}).items()},
         "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in optimizer.get("param_groups", [])],
     }
-    from train.checkpoint import INTEGRITY
-
     rest = {k: v for k, v in components(path).items() if k != INTEGRITY}  # it sealed the components alone
     return {**rest, "model": state.get("model", {}), "optimizer": positional}
 

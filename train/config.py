@@ -451,10 +451,10 @@ class DistConfig(Section):
     """How a sharded model (fsdp, hsdp) is checkpointed. 'sharded': every rank writes its own shards into one
     folder, step_NNNNNNNN.dcp (torch.distributed.checkpoint): no rank ever holds the whole model, and the save
     costs no gathers. 'full': the shards gathered onto rank 0's CPU and written as one .pt file, as under ddp.
-    'auto': sharded where every rank writes into the one run folder (one node), full across nodes (a launch hands
-    rank 0's checkpoint to the other nodes as one file). Either form resumes under any strategy and world size,
-    and run.remote mirrors either (a folder packed as one file); `python -m train consolidate` turns a folder
-    into one file."""
+    'auto': sharded where every rank writes into the one run folder (one node, or nodes sharing a file system),
+    full across nodes with run folders of their own (a launch hands rank 0's checkpoint to the other nodes as
+    one file). Either form resumes under any strategy and world size, and run.remote mirrors either (a folder
+    packed as one file); `python -m train consolidate` turns a folder into one file."""
 
 
 class SlurmConfig(Section):

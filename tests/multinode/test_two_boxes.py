@@ -3,7 +3,8 @@ folders, meeting across a veth pair.
 
 Every interrupted run must end with weights bitwise equal to the uninterrupted one (CPU, eager, gloo), whatever
 the other box's own run folder holds: node 0 decides the stages and the checkpoint, and rank 0, always on node
-0, sends the checkpoint's bytes to the ranks of node 1.
+0, sends the checkpoint's bytes to the ranks of node 1. (One test gives both boxes one runs folder, as a shared
+file system does: a sharded model's checkpoints are then every rank's shards.)
 """
 
 from __future__ import annotations
@@ -37,17 +38,23 @@ _ports = iter(range(29600 + os.getpid() % 1000 * 10, 65000))
 class Job:
     """One launch on both boxes: a launcher per box, NODE_RANK = the box's index."""
 
-    def __init__(self, boxes: list[Box], root: Path, command: str, run: str, *extra: str, tag: str = ""):
-        self.boxes, self.root, self.run = boxes, root, run
+    def __init__(
+        self, boxes: list[Box], root: Path, command: str, run: str, *extra: str, tag: str = "", shared_runs=None
+    ):
+        """``shared_runs``: one runs folder both boxes write into (a shared file system)."""
+        self.boxes, self.root, self.run, self.shared_runs = boxes, root, run, shared_runs
         endpoint = f"{boxes[0].address}:{next(_ports)}"
         self.logs = [root / f"{run}{tag}-node{b.index}.log" for b in boxes]
         args = [command, "--config", "configs/tiny.yaml", "--nproc", "1", "--run", run, *extra]
         self.procs = []
         for box, log in zip(boxes, self.logs, strict=True):
             env = {"NNODES": "2", "NODE_RANK": str(box.index), "RDZV_ENDPOINT": endpoint, "RDZV_ID": run}
-            self.procs.append(box.popen(*args, *box.folders(root), env=env, log=log))
+            shared = ["--set", f"run.runs_dir={shared_runs}"] if shared_runs else []
+            self.procs.append(box.popen(*args, *box.folders(root), *shared, env=env, log=log))
 
     def run_dir(self, node: int) -> Path:
+        if self.shared_runs is not None:
+            return self.shared_runs / self.run
         return self.root / self.boxes[node].hostname / "runs" / self.run
 
     def output(self, node: int) -> str:
@@ -177,6 +184,29 @@ def test_with_a_remote_two_interruptions_and_a_new_node_0_end_bitwise_equal(boxe
     assert read_metrics(remote / "mirrored" / "metrics.jsonl")[-1]["step"] >= STEPS
     assert (remote / "mirrored" / "logs" / "rank1.log").is_file()
     assert not list_checkpoints(job.run_dir(1) / "checkpoints")
+
+
+def test_fsdp_across_boxes_writes_one_file_on_their_own_disks_and_shards_on_a_shared_one(boxes, tmp_path):
+    """dist.checkpoint=auto under fsdp: boxes with run folders of their own get one file, gathered onto rank 0
+    (rank 0 sends it to node 1 on a resume); boxes sharing one runs folder get every rank's shards in one folder.
+    A SIGTERMed run on the shared folder resumes from its shards bitwise equal to the run on separate disks."""
+    fsdp = [*LONG, "--set", "dist.parallel=fsdp"]
+    alone = Job(boxes, tmp_path, "fit", "fsdp", *fsdp)
+    assert alone.wait() == [0, 0], alone.outputs()
+    assert "the nodes keep run folders of their own: one file" in (alone.run_dir(0) / "logs" / "rank0.log").read_text()
+    assert [p.suffix for p in list_checkpoints(alone.run_dir(0) / "checkpoints")] == [".pt", ".pt"]
+
+    shared = tmp_path / "shared-runs"
+    at = random.Random().randrange(15, STEPS - 15)
+    print(f"SIGTERM to both at step {at}, on a shared runs folder")
+    job = Job(boxes, tmp_path, "fit", "fsdp", *fsdp, tag="-shared", shared_runs=shared)
+    stop_both(job, at)
+    newest = latest_checkpoint(job.run_dir(0) / "checkpoints")
+    assert newest.suffix == ".dcp" and {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in newest.iterdir()}
+    again = Job(boxes, tmp_path, "fit", "fsdp", *fsdp, tag="-shared-again", shared_runs=shared)
+    assert again.wait() == [0, 0], again.outputs()
+    assert f"resumed from {newest}" in (job.run_dir(0) / "logs" / "rank0.log").read_text()
+    assert_bitwise_equal(final_weights(job.run_dir(0)), final_weights(alone.run_dir(0)))
 
 
 def test_an_address_node_0_cannot_reach_fails_before_the_launch_naming_it(boxes, tmp_path):

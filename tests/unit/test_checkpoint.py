@@ -439,7 +439,7 @@ def test_shards_that_other_nodes_wrote_elsewhere_are_refused_before_the_folder_i
     (partial / "__0_0.distcp").write_bytes(b"x")
     digests = [{"__0_0.distcp": {"bytes": 1, "xxh3_128": "0"}}, {"__1_0.distcp": {"bytes": 1, "xxh3_128": "0"}}]
     with pytest.raises(
-        ConfigError, match=r"the shards __1_0.distcp written by other ranks are not in .*dist.checkpoint=full"
+        ConfigError, match=r"the shards __1_0.distcp written by other ranks are not in .*dist.checkpoint=auto"
     ):
         _seal_folder(partial, tmp_path / "step_00000002.dcp", {}, digests)
     assert not (tmp_path / "step_00000002.dcp").exists()

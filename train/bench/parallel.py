@@ -26,8 +26,16 @@ from train.obs.sinks import read_metrics
 REPO = Path(__file__).resolve().parents[2]
 MODEL = ["model.name=transformer", "model.transformer.d_model=256", "model.transformer.n_layers=8",
          "model.transformer.n_heads=8", "train.objective=one_step"]  # fmt: skip
-PLAN = [(2, "ddp", "full"), (2, "fsdp", "sharded"), (2, "fsdp", "full"), (4, "ddp", "full"), (4, "fsdp", "sharded"),
-        (4, "fsdp", "full"), (4, "hsdp", "sharded")]  # fmt: skip
+PLAN = [
+    (2, "ddp", "full"),
+    (2, "fsdp", "sharded"),
+    (2, "fsdp", "full"),
+    (4, "ddp", "full"),
+    (4, "fsdp", "sharded"),
+    (4, "fsdp", "full"),
+    (4, "hsdp", "sharded"),
+]
+"""(ranks, dist.parallel, dist.checkpoint) of each measured run."""
 TARGETS = {2: 0.6, 4: 0.35}
 
 
@@ -49,8 +57,7 @@ def measure(workdir: Path, nproc: int, strategy: str, form: str) -> dict:
     source = (
         workdir / "runs" / run / "checkpoints" / checkpoint_name(20, sharded=strategy != "ddp" and form == "sharded")
     )
-    resumed = [r for r in _fit(workdir, f"{run}-resumed", nproc, strategy, checkpoint, f"train.resume={source}")
-               if "step" in r]  # fmt: skip
+    resumed = _fit(workdir, f"{run}-resumed", nproc, strategy, checkpoint, f"train.resume={source}")
     return {
         "ranks": nproc,
         "strategy": strategy,

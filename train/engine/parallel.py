@@ -162,13 +162,23 @@ def wrap(root: nn.Module, model: nn.Module, env: DistEnv, cfg: Config, find_unus
     return PARALLEL[cfg.dist.parallel].wrap(root, model, env, cfg, find_unused, precision)
 
 
-def writes_shards(cfg: Config, env: DistEnv) -> bool:
-    """Whether a sharded model's checkpoints are every rank's shards in one folder (dist.checkpoint): 'auto'
-    when every rank writes into the one run folder (one node; across nodes a launch hands rank 0's checkpoint
-    to the others as one file)."""
+def writes_shards(cfg: Config, env: DistEnv, node_token: str | None) -> bool:
+    """Whether a sharded model's checkpoints are every rank's shards in one folder (dist.checkpoint). 'auto':
+    when every rank writes into the one run folder: one node, or nodes whose run folders all hold node 0's
+    launch token ``node_token`` (a shared file system; every rank calls, a collective). Across nodes with
+    folders of their own, one file: a launch hands rank 0's checkpoint to the other nodes as bytes."""
     if cfg.dist.checkpoint != "auto":
         return cfg.dist.checkpoint == "sharded"
-    return env.world_size == env.local_world_size
+    if env.world_size == env.local_world_size:
+        return True
+    import torch.distributed as dist
+
+    tokens: list[str | None] = [None] * env.world_size
+    dist.all_gather_object(tokens, node_token)
+    shared = tokens[0] is not None and all(t == tokens[0] for t in tokens)
+    own = "the nodes keep run folders of their own: one file, gathered onto rank 0"
+    log.info("dist.checkpoint=auto: %s", "every node shares the run folder: shards" if shared else own)
+    return shared
 
 
 def is_sharded(model: nn.Module) -> bool:

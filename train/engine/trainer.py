@@ -144,7 +144,7 @@ class Trainer:
         find_unused = self.weighted or cfg.train.find_unused_parameters
         self.ddp = parallel.wrap(trained, self.model, env, cfg, find_unused, self.precision)
         self.sharded = parallel.is_sharded(self.model)
-        self.shard_checkpoints = self.sharded and parallel.writes_shards(cfg, env)
+        self.shard_checkpoints = self.sharded and parallel.writes_shards(cfg, env, run.read_node_token())
         self.forward = compile_model(self.ddp, cfg.compile, env)
         self.compiling = compile_enabled(cfg.compile, env.device)
         self.graphed = captures_graphs(cfg.compile, env)
