@@ -86,3 +86,25 @@ def test_consolidate_writes_one_file_that_every_reader_loads_as_the_folder(tmp_p
 
     again = run_cli("consolidate", "--run", str(one))
     assert again.returncode == 2 and "is already one file" in again.stderr
+
+
+def test_fine_tuning_starts_from_a_sharded_checkpoint(farm):
+    """train.init_from names the folder: the launcher records it (the SHA-256 of its manifest), every rank loads
+    its consolidated weights."""
+    from tests.farm import LONG
+    from tests.helpers import REPO
+    from train.config import load_config
+    from train.engine.init_from import load_initial_weights
+    from train.use.surrogate import Surrogate, resolve_initial_weights
+
+    source = farm.reference_run("fsdp") / "checkpoints" / "step_00000160.dcp"
+    cfg = load_config(REPO / "configs" / "tiny.yaml", [*(a for a in LONG if "=" in a), f"train.init_from={source}"])
+    record = resolve_initial_weights(cfg)
+    assert record["checkpoint"] == str(source.resolve()) and len(record["sha256"]) == 64
+    model = Surrogate.load(source).model
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    done = load_initial_weights(model, cfg, record)
+    assert done, done
+    assert _equal(model.state_dict(), load_checkpoint(source)[MODEL])

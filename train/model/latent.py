@@ -80,7 +80,10 @@ def build_latent_cache(
     """
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():
-        raise ConfigError(f"{key}: checkpoint '{checkpoint}' does not exist; give the path of a .pt file of a run")
+        raise ConfigError(
+            f"{key}: checkpoint '{checkpoint}' is no file; give the path of a .pt file of a run (a sharded "
+            "checkpoint's .dcp folder becomes one with `python -m train consolidate`)"
+        )
     encoder = frozen_encoder(checkpoint, name, spec, d_model, key)
     recipe = {
         "format": LATENT_FORMAT,
