@@ -40,7 +40,7 @@ define checked
 	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
 endef
 
-.PHONY: help install gpu-check train data cache fit evaluate doctor smoke-test push slurm sweep predict export bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
+.PHONY: help install gpu-check train data cache fit evaluate doctor smoke-test push slurm sweep predict export consolidate bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
 
 help: ## List the targets
 	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
@@ -91,6 +91,9 @@ predict: install ## A trained run's predictions on an HDF5 file: RUN=name|folder
 
 export: install ## A trained run as files that run without this package: RUN=name|folder [FORMAT=onnx|torchscript OUT=folder TASK=name]
 	$(call checked,$(BIN)/python -m train export --run $(RUN) --format $(FORMAT) $(if $(OUT),--output $(OUT)) $(if $(TASK),--task $(TASK)) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)))
+
+consolidate: install ## A sharded checkpoint (a .dcp folder of every rank's shards) as one .pt file: RUN=name|folder [CHECKPOINT=latest|best|name OUT=file]
+	$(call checked,$(BIN)/python -m train consolidate --run $(RUN) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(if $(OUT),--output $(OUT)))
 
 bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), the Well demo (well), fine-tuning vs scratch (finetune), published-size data in 4 GB (scale, only when named); BENCH_ARGS="well"
 	$(call checked,$(BIN)/python -m train.bench $(BENCH_ARGS))
