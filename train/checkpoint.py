@@ -238,11 +238,9 @@ def small_components(path: Path) -> dict[str, Any]:
 def checkpoint_sha1(path: Path) -> str:
     """What a checkpoint's bytes hash to: a file's SHA1, or a sharded checkpoint's manifest's (which names every
     file's checksum)."""
-    if shards.is_sharded_checkpoint(path):
-        return shards.manifest_sha1(path)
     from train.remote.store import sha1_of
 
-    return sha1_of(path)
+    return sha1_of(shards.content_file(path))
 
 
 def unreadable(path: Path) -> str | None:

@@ -61,6 +61,8 @@ def save_shards(
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    from train.checkpoint import state_bytes
+
     partial = final.parent / f".{final.name}.partial"
     if rank == 0:  # one writer per run (the run lock): every partial folder here is a killed writer's leftover
         for leftover in final.parent.glob(f".*{SUFFIX}.partial"):
@@ -80,7 +82,7 @@ def save_shards(
         if rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
         dist.barrier()
-        raise _write_error(failed, partial, digests, _bytes(state))
+        raise _write_error(failed, partial, digests, state_bytes(state))  # a DTensor counts at its full size
     error: BaseException | None = None
     if rank == 0:
         try:
@@ -144,13 +146,6 @@ def recover_replaced(folder: Path) -> list[Path]:
             os.rename(old, final)
             restored.append(final)
     return restored
-
-
-def _bytes(state: Any) -> int:
-    """The bytes of the whole checkpoint's tensors (a DTensor counts at its full size)."""
-    from train.checkpoint import state_bytes
-
-    return state_bytes(state)
 
 
 def _write_error(failed: BaseException | None, partial: Path, digests: list, needed: int) -> BaseException:
@@ -232,13 +227,8 @@ def consolidated(path: Path) -> dict[str, Any]:
     _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
     optimizer = state.get("optimizer", {})
     names = [name for group in optimizer.get("param_groups", []) for name in group["params"]]
-    index = {name: i for i, name in enumerate(names)}
-    positional = {
-        "state": {index[name]: value for name, value in optimizer.get("state", {}).items()},
-        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in optimizer.get("param_groups", [])],
-    }
     rest = {k: v for k, v in components(path).items() if k != INTEGRITY}  # it sealed the components alone
-    return {**rest, "model": state.get("model", {}), "optimizer": positional}
+    return {**rest, "model": state.get("model", {}), "optimizer": by_position(optimizer, names)}
 
 
 def consolidate(path: Path, output: Path | None = None) -> Path:
@@ -324,11 +314,20 @@ def unpack(packed: Path, final: Path) -> None:
         raise
 
 
-def manifest_sha1(path: Path) -> str:
-    """The SHA1 of the manifest: it names every file's checksum, so it stands for the folder's content."""
-    import hashlib
+def content_file(path: Path) -> Path:
+    """The file whose bytes stand for a checkpoint's content (to hash it, or to see that it changed): a file
+    checkpoint itself, or a sharded checkpoint's manifest, written last and naming every file's checksum."""
+    return path / MANIFEST if is_sharded_checkpoint(path) else path
 
-    return hashlib.sha1((path / MANIFEST).read_bytes()).hexdigest()
+
+def by_position(optimizer: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter name (DCP's, FSDP2's) keyed by position in ``names`` instead, as
+    ``Optimizer.state_dict`` writes it: the one form every strategy loads."""
+    index = {name: i for i, name in enumerate(names)}
+    return {
+        "state": {index[name]: value for name, value in optimizer.get("state", {}).items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in optimizer.get("param_groups", [])],
+    }
 
 
 def remove(path: Path) -> None:

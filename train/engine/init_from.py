@@ -31,10 +31,10 @@ log = logging.getLogger(__name__)
 def sha256_of(path: Path) -> str:
     """A checkpoint file's SHA-256; of a sharded checkpoint (a folder), its manifest's, which names the checksum
     of every file in it."""
-    from train.checkpoint_shards import MANIFEST, is_sharded_checkpoint
+    from train.checkpoint_shards import content_file
 
     digest = hashlib.sha256()
-    with open(path / MANIFEST if is_sharded_checkpoint(path) else path, "rb") as f:
+    with open(content_file(path), "rb") as f:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()

@@ -272,11 +272,9 @@ def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
     full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not full:
         return {}
-    index = {name: i for i, name in enumerate(_names(model))}
-    return {
-        "state": {index[name]: value for name, value in full["state"].items()},
-        "param_groups": [{**g, "params": [index[name] for name in g["params"]]} for g in full["param_groups"]],
-    }
+    from train.checkpoint_shards import by_position
+
+    return by_position(full, _names(model))
 
 
 def load_model(model: nn.Module, state: dict[str, torch.Tensor]) -> None:

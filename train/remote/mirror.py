@@ -49,8 +49,7 @@ RUN_FILES = (run_files.CONFIG, run_files.WANDB_STATE)
 
 
 def _signature(path: Path) -> tuple[int, int, int]:
-    # A sharded checkpoint's manifest is written last, once per save: it stands for the folder.
-    st = (path / shards.MANIFEST if path.is_dir() else path).stat()
+    st = shards.content_file(path).stat()  # a sharded checkpoint's manifest, written once per save
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
