@@ -12,6 +12,7 @@ pause_while_importing(__name__)  # resumed by run_rank once the modules below ar
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import sys
@@ -77,13 +78,17 @@ def _train_and_evaluate(rank: Rank) -> None:
     try:
         if "fit" in stages:
             # No reference kept: DDP's reducer must be freed while the process group lives (freed after it, the
-            # last reference to a gloo group joins gloo's threads while holding the GIL they wait for).
+            # last reference to a gloo group joins gloo's threads while holding the GIL they wait for, or torch
+            # aborts the rank at exit: "terminate called without an active exception", exit 134).
             Trainer(cfg, env, tasks, run).fit(
                 metrics,
                 launched_at=launch.started_at if launch else None,
                 live_console=bool(launch and launch.live_console),
                 resume_sha1=launch.resume_sha1 if launch and first_attempt() else None,
             )
+            # The trainer sits in reference cycles (closures over it, frames torch keeps): collected now, while
+            # the group lives, not by whichever later collection happens to run.
+            gc.collect()
         if "evaluate" in stages:
             evaluate(cfg, env, tasks, run)
     except BaseException:

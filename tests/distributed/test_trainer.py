@@ -233,3 +233,40 @@ def test_rollout_objectives_resume_mid_epoch_bitwise(tmp_path, objective):
     run_ranks(_fit_weights, 2, one_step, tmp_path)
     other = torch.load(tmp_path / "rank0.pt")
     assert any(not torch.equal(straight[k], other[k]) for k in straight)
+
+
+def _trainer_after_the_worker(rank: int, run_dir, out) -> None:
+    import types
+    import weakref
+
+    import torch.distributed as dist
+
+    from train import worker
+    from train.distributed.env import DistEnv, init_distributed
+    from train.run_dir import RunDir
+
+    made = []
+    real = worker.Trainer
+
+    def recorded(*args, **kwargs):
+        trainer = real(*args, **kwargs)
+        made.append(weakref.ref(trainer))
+        return trainer
+
+    worker.Trainer = recorded
+    run = RunDir(run_dir)
+    cfg = run.load_config()
+    env = init_distributed(DistEnv.from_environ("gloo"), 60)
+    rank_ = types.SimpleNamespace(cfg=cfg, env=env, run=run, launch=None, args=types.SimpleNamespace(stages="fit"))
+    worker._train_and_evaluate(rank_)
+    # Still inside the process group, as the worker is when it returns: the trainer (and DDP's reducer in it)
+    # must be gone already. Freed only by a later collection, after the group, torch can abort the process at
+    # exit ("terminate called without an active exception").
+    torch.save(made[0]() is None, out / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_the_worker_frees_the_trainer_while_the_process_group_lives(tmp_path):
+    run_dir = prepare_run(tmp_path, overrides=SMALL)
+    run_ranks(_trainer_after_the_worker, 2, run_dir, tmp_path)
+    assert [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)] == [True, True]
