@@ -10,7 +10,8 @@ is built again by the next test that asks, which then fails with the build's own
 Entries: ``tiny`` (``python -m train run`` of configs/tiny.yaml on 2 ranks: data, caches, the run folder with
 checkpoints and report), ``fno`` (the same config's tasks learnt by a small FNO on one rank),
 ``reference-<variant>`` (the 160-step uninterrupted run that interrupted runs must end bitwise equal to, for each
-objective of :data:`OBJECTIVES` and for the sharded model: :data:`VARIANTS`) and ``sweep`` (tests/sweeps.py's
+objective of :data:`OBJECTIVES`, for the sharded model and for the multi-physics model drawing one dataset per
+step: :data:`VARIANTS`) and ``sweep`` (tests/sweeps.py's
 grid, killed mid-trial and continued).
 """
 
@@ -38,8 +39,14 @@ LONG = [
 ]  # fmt: skip
 # The default objective, and one whose steps draw how far they roll out: both must replay exactly.
 OBJECTIVES = {"one_step": [], "pushforward": ["--set", "train.objective=pushforward", "--set", "train.rollout_steps=3"]}
-# ... and the model sharded over the ranks (FSDP2) instead of replicated: every fault must replay as exactly.
-VARIANTS = {**OBJECTIVES, "fsdp": ["--set", "dist.parallel=fsdp"]}
+# ... and the model sharded over the ranks (FSDP2) instead of replicated: every fault must replay as exactly. So
+# must the multi-physics model with each rank drawing one dataset per step: the draws replay too.
+MULTIPHYSICS = [
+    "--set", "model.name=multiphysics", "--set", "model.multiphysics.d_model=32", "--set",
+    "model.multiphysics.n_heads=2", "--set", "model.multiphysics.n_layers=2", "--set", "model.multiphysics.dropout=0.1",
+    "--set", "train.task_sampling=weighted",
+]  # fmt: skip
+VARIANTS = {**OBJECTIVES, "fsdp": ["--set", "dist.parallel=fsdp"], "multiphysics": MULTIPHYSICS}
 TINY = ["--config", "configs/tiny.yaml", "--nproc", "2"]
 FNO = ["--set", "model.name=fno", "--set", "model.fno.modes=8", "--set", "model.fno.width=8"]
 

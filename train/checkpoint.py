@@ -381,6 +381,8 @@ def model_differences(
             differences.append(f"tasks.{task} ({where})")
             continue
         for key in sorted(set(saved_specs[task]) | set(specs[task])):
+            if key not in saved_specs[task] and key not in SPEC_DEFAULTS:
+                continue  # a key the checkpoint predates, with nothing to compare (a task's field names)
             a, b = saved_specs[task].get(key, SPEC_DEFAULTS.get(key)), specs[task].get(key)
             if a != b and not (isinstance(a, list | tuple) and isinstance(b, list | tuple) and list(a) == list(b)):
                 differences.append(f"tasks.{task}.{key} ({a!r} there, {b!r} here)")

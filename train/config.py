@@ -12,7 +12,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import pydantic
 import yaml
@@ -77,8 +77,15 @@ class TaskConfig(Section):
     """Grid points per token along each spatial axis; must divide the strided grid."""
     loss_weight: float = Field(1.0, gt=0)
     """Weight of this task's loss in the summed multi-task loss."""
-    sampling_weight: float = Field(1.0, gt=0)
-    """Relative probability of drawing this task in a step (train.task_sampling=weighted only)."""
+    sampling_weight: float = Field(1.0, ge=0)
+    """Relative probability of drawing this task in a step (train.task_sampling=weighted only), multiplied by its
+    size to the power train.sampling_alpha; 0 keeps the task out of training (it is still validated and tested)."""
+    fields: list[str] | None = None
+    """The physical name of each channel the model reads, in the data's channel order: a time-dependent task's
+    channels (the predicted ones, then constant fields and scalars), a steady task's inputs then its outputs. The
+    multi-physics model keeps one row of weights per name, shared by every task that names it (docs/models.md,
+    'Field vocabulary'). Default: the format's own names (density, pressure, velocity_x ...; a generic one as
+    '<pde>/<key>')."""
     latent_encoder: str | None = None
     """Checkpoint (.pt) of an earlier run whose encoder for this task is frozen: its tokens for every training
     item are precomputed into a latent cache beside the data cache, and training reads them instead of
@@ -89,6 +96,14 @@ class TaskConfig(Section):
     files: DatasetFilesConfig | None = None
     """Which files and samples of a neural-operator dataset the task reads (pde: fno_*, neuralop_*, pdearena_*);
     unset settings take the family's published benchmark values (docs/operator-formats.md)."""
+
+    @pydantic.field_validator("fields")
+    @classmethod
+    def _field_names(cls, names: list[str] | None) -> list[str] | None:
+        for name in names or ():
+            if not re.fullmatch(r"[A-Za-z0-9_./-]+", name):
+                raise ValueError(f"field name {name!r}: use letters, digits and _ . / - (e.g. velocity_x)")
+        return names
 
     @pydantic.model_validator(mode="after")
     def _reference_defaults(self) -> TaskConfig:
@@ -213,8 +228,50 @@ class UNetConfig(Section):
     prediction); time-dependent tasks only."""
 
 
-class TransformerConfig(Section):
+class _Attention(Section):
+    """Settings of a model of attention heads over d_model channels (model.<section>)."""
+
+    section: ClassVar[str]
+
+    @pydantic.model_validator(mode="after")
+    def _check_heads(self) -> _Attention:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"model.{self.section}.d_model ({self.d_model}) must be a multiple of model.{self.section}.n_heads "
+                f"({self.n_heads})"
+            )
+        return self
+
+
+class MultiphysicsConfig(_Attention):
+    """The multi-physics model: patch tokens of any dimension, a field vocabulary, per-sample normalisation."""
+
+    section = "multiphysics"
+
+    d_model: int = Field(128, ge=8)
+    """Width of the tokens and of the shared processor."""
+    n_heads: int = Field(4, ge=1)
+    """Attention heads; must divide d_model."""
+    n_layers: int = Field(4, ge=1)
+    """Processor blocks, each attention over space, attention over time (inputs of several frames) and an MLP."""
+    mlp_ratio: int = Field(4, ge=1)
+    """Hidden width of each block's MLP, as a multiple of d_model."""
+    field_width: int = Field(32, ge=1)
+    """Width of a field's row in the vocabulary: each grid point's fields are embedded into this many features
+    before patching, and decoded from as many."""
+    max_frames: int = Field(16, ge=1)
+    """Most input frames a task may give (its initial_step): the rows of the learned frame embedding."""
+    std_floor: float = Field(1e-2, gt=0)
+    """Floor on a sample's per-channel standard deviation when normalising it (in the cache's units, where a
+    dataset's channel has std 1): a near-constant field is not blown up into noise."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout in the attention and MLP outputs."""
+
+
+class TransformerConfig(_Attention):
     """The multi-task transformer: per-task patch encoders and decoders around one shared processor."""
+
+    section = "transformer"
 
     d_model: int = Field(96, ge=8)
     """Width of the shared transformer processor."""
@@ -227,17 +284,8 @@ class TransformerConfig(Section):
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout inside the transformer blocks."""
 
-    @pydantic.model_validator(mode="after")
-    def _check_heads(self) -> TransformerConfig:
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"model.transformer.d_model ({self.d_model}) must be a multiple of model.transformer.n_heads "
-                f"({self.n_heads})"
-            )
-        return self
 
-
-BUILT_IN_MODELS = ("transformer", "fno", "unet")
+BUILT_IN_MODELS = ("transformer", "fno", "unet", "multiphysics")
 """The built-in architectures; each reads its settings from model.<its name> (train.model.builtin's table)."""
 LEGACY_TRANSFORMER_KEYS = tuple(TransformerConfig.model_fields)
 """Keys the transformer read directly under ``model`` before it had a section of its own: still accepted there
@@ -283,6 +331,8 @@ class ModelConfig(Section):
     """Settings of model.name=fno."""
     unet: UNetConfig = UNetConfig()
     """Settings of model.name=unet."""
+    multiphysics: MultiphysicsConfig = MultiphysicsConfig()
+    """Settings of model.name=multiphysics."""
     shard_units: list[str] = []
     """With dist.parallel=fsdp or hsdp: the submodules sharded as one unit each (gathered for their forward,
     freed after), as module-name patterns ('blocks.*', 'encoder'). Default: a built-in model's own blocks (the
@@ -347,7 +397,8 @@ class TrainConfig(Section):
     find_unused_parameters: bool = False
     """Tell DDP that a step may leave some parameters without a gradient (a model whose forward skips parts of
     itself depending on the data). DDP then searches the autograd graph at every step, which costs time; set
-    automatically when ranks draw different tasks (task_sampling=weighted)."""
+    automatically when ranks draw different tasks (task_sampling=weighted) and the model leaves some task's
+    parameters unused when another runs."""
     accept_changed_model_source: bool = False
     """Resume although the source file of a factory of your own (model.name=path.py:function) changed since the
     checkpoint was written; the saved weights are then loaded into the edited model as they are. By default such
@@ -382,8 +433,16 @@ class TrainConfig(Section):
     task_sampling: Literal["all", "weighted"] = "all"
     """'all': every step trains one batch of every task (every head is used, DDP needs no unused-parameter
     search); 'weighted': each rank draws one task per micro-step with probability proportional to
-    tasks.<name>.sampling_weight, from (seed, rank, epoch, step), so ranks train different tasks in the same
-    step."""
+    tasks.<name>.sampling_weight x (its training windows)^sampling_alpha, from (seed, draw group, epoch, step):
+    under ddp every rank is its own draw group, so ranks train different tasks in the same step; under fsdp and
+    hsdp the ranks of one shard group draw the same task."""
+    sampling_alpha: float = Field(0.0, ge=0)
+    """With task_sampling=weighted: the exponent of each task's size (its training windows) in its probability; 0
+    ignores sizes (sampling_weight alone), 1 draws in proportion to size, between them flattens a mix toward its
+    small sources (alpha = 1/temperature)."""
+    held_out: list[str] = []
+    """Datasets this run must not train on (a pretraining recipe's evaluation sets, kept for fine-tuning): a task
+    of that name is refused (exit 2)."""
     val_every: int | None = Field(None, ge=1)
     """Validate every n optimizer steps (on every rank's shard, reduced); default: at the end of each epoch."""
     objective: Literal["one_step", "pushforward", "unrolled"] = "one_step"
@@ -607,6 +666,17 @@ class Config(Section):
                 f"tasks.{latent[0]}.latent_encoder holds the encoder's tokens of true input frames, but "
                 f"train.objective={self.train.objective} feeds the model its own predictions: use "
                 "train.objective=one_step, or remove latent_encoder"
+            )
+        held = sorted(set(self.train.held_out) & set(self.tasks))
+        if held:
+            raise ValueError(
+                f"tasks.{held[0]} is named in train.held_out: a held-out dataset must not be trained on; remove the "
+                f"task, or take it out of train.held_out"
+            )
+        if self.train.task_sampling == "weighted" and not any(t.sampling_weight > 0 for t in self.tasks.values()):
+            raise ValueError(
+                f"every task's sampling_weight is 0 ({', '.join(f'tasks.{n}' for n in self.tasks)}): with "
+                "train.task_sampling=weighted no task could be drawn; give at least one a weight above 0"
             )
         for name in self.tasks:
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):

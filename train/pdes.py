@@ -53,10 +53,13 @@ LAYOUTS = {
     "burgers1d": Layout(("tensor",), ("tensor",), 1, True, generated_file="1D_Burgers_Sols_Nu{}.hdf5"),
     "reacdiff1d": Layout(("tensor",), ("tensor",), 1, True),
     "darcy2d": Layout(("nu",), ("tensor",), 2, False, generated_file="2D_DarcyFlow_beta{}_Train.hdf5"),
-    "cfd1d": Layout(("density", "pressure", "Vx"), ("density", "pressure", "Vx"), 1, True),
-    "cfd2d": Layout(("density", "pressure", "Vx", "Vy"), ("density", "pressure", "Vx", "Vy"), 2, True),
+    "cfd1d": Layout(("density", "pressure", "Vx"), ("density", "pressure", "Vx"), 1, True,
+                    generated_file="1D_CFD_Advected_V{}_periodic_Train.hdf5"),
+    "cfd2d": Layout(("density", "pressure", "Vx", "Vy"), ("density", "pressure", "Vx", "Vy"), 2, True,
+                    generated_file="2D_CFD_Advected_V{}_periodic_Train.hdf5"),
     # 3D_CFD_{Rand,Turb}_M*_Eta*_Zeta*_periodic_Train.hdf5: each field [sample, t, x, y, z]
-    "cfd3d": Layout(("density", "pressure", "Vx", "Vy", "Vz"), ("density", "pressure", "Vx", "Vy", "Vz"), 3, True),
+    "cfd3d": Layout(("density", "pressure", "Vx", "Vy", "Vz"), ("density", "pressure", "Vx", "Vy", "Vz"), 3, True,
+                    generated_file="3D_CFD_Advected_V{}_periodic_Train.hdf5"),
     "diffreact2d": Layout(("data",), ("data",), 2, True, "groups", 2),  # 2D_diff-react_NA_NA.h5
     "shallowwater2d": Layout(("data",), ("data",), 2, True, "groups", 1),  # 2D_rdb_NA_NA.h5
     "diffsorp1d": Layout(("data",), ("data",), 1, True, "groups", 1),  # 1D_diff-sorp_NA_NA.h5

@@ -28,12 +28,11 @@ from train.launch.push import catch_up
 from train.launch.session import LaunchSession, launch_session
 from train.launch.torchrun import launch, resolve_nproc
 from train.launch.watchers import watched_launch
-from train.model.builtin import MODELS
+from train.model.builtin import MODELS, check_builtin
 from train.model.factory import resolve_factory
 from train.model.latent import build_latent_cache
-from train.model.multitask import check_specs
 from train.model.specs import task_spec
-from train.obs.report import read_summary, report_is_current
+from train.obs.report import read_summary, report_is_current, summary_score
 from train.obs.tracking import check_tracking
 from train.remote.lease import RemoteLease
 from train.remote.restore import check_remote_config, restore_run
@@ -74,9 +73,10 @@ def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, dict[s
         elif info.autoregressive and horizon > 1:
             with building_caches(root):  # the ranks only read it
                 write_window_index(info, task.initial_step, horizon, stride)
-        specs[name] = task_spec(info, task)
-        if cfg.model.name == "transformer":  # patches must tile the grid
-            problems += check_specs({name: specs[name]})
+        specs[name] = task_spec(info, task, name)
+        if cfg.model.name == "multiphysics":
+            log.info("fields of %s: %s", name, ", ".join(specs[name].fields))
+        problems += check_builtin({name: specs[name]}, cfg.model)
     if problems:
         raise ConfigError("the data does not fit the config:\n  - " + "\n  - ".join(problems))
     folders: dict[str, dict[str, str | None]] = {}
@@ -198,8 +198,13 @@ def _stages(
             error = remote_behind(remote, run, mirror.complete)
     session.conclude(error)
     if command in ("run", "evaluate") and session.leads:
-        for name, r in read_summary(run.root).items():
+        results = read_summary(run.root)
+        for name, r in results.items():
             log.info("%s: test nRMSE %.4g (baseline %.4g)", name, r["nrmse"], r["baseline_nrmse"])
+        if len(results) > 1:
+            score = summary_score(results)
+            log.info("over the %d tasks: mean test nRMSE %.4g, nRMSE / baseline %.4g (geometric mean)",
+                     score["tasks"], score["mean_nrmse"], score["nrmse_to_baseline"])  # fmt: skip
         log.info("run folder: %s", run.root)
     return run.root
 

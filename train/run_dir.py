@@ -211,7 +211,7 @@ class RunDir:
                     f"task {name}: a cache in {folders} is missing or incomplete; run 'python -m train cache'"
                 )
             outputs = task.well.n_steps_output if task.well is not None else 1
-            tasks.append(TaskData(name, info, task_spec(info, task), latent, window_outputs=outputs))
+            tasks.append(TaskData(name, info, task_spec(info, task, name), latent, window_outputs=outputs))
         return tasks
 
     def changed_mapped_sources(self) -> list[str]:

@@ -7,10 +7,13 @@ import gc
 import os
 import signal
 
+import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from tests.helpers import prepare_run, rank_trainer, run_ranks
+from train.engine.streams import task_draws
 
 pytestmark = pytest.mark.distributed
 
@@ -102,10 +105,8 @@ def _results(out):
 
 
 def test_ranks_training_different_tasks_in_one_step_need_no_user_action(tmp_path):
-    from train.engine.streams import task_draws
-
     steps = 6
-    draws = [task_draws(0, r, 0, steps, [1.0, 1.0]) for r in range(2)]
+    draws = [task_draws(0, r, 0, steps, np.array([0.5, 0.5])) for r in range(2)]
     assert (draws[0] != draws[1]).any(), "the random seed must make the ranks draw different tasks in some step"
     run_dir = prepare_run(tmp_path, overrides=["train.task_sampling=weighted", f"train.steps_per_epoch={steps}",
                                                "train.epochs=1"])  # fmt: skip
@@ -126,6 +127,40 @@ def test_without_the_unused_parameter_search_the_error_names_the_parameters(tmp_
         assert not result["ok"]
         assert result["error"].startswith("ConfigError: DDP found parameters without a gradient")
         assert "codecs." in result["error"] and "train.find_unused_parameters=true" in result["error"]
+
+
+MULTIPHYSICS = ["model.name=multiphysics", "model.multiphysics.d_model=16", "model.multiphysics.n_heads=2",
+                "model.multiphysics.n_layers=1", "model.multiphysics.field_width=4", "train.task_sampling=weighted",
+                "train.steps_per_epoch=6", "train.epochs=1"]  # fmt: skip
+
+
+def _fit_drawing(rank: int, run_dir, out) -> None:
+    from train.obs.sinks import MetricSinks
+
+    trainer = rank_trainer(run_dir)
+    trainer.fit(MetricSinks(None))
+    draws = task_draws(0, trainer.draw_group, 0, 6, trainer.draw_p)
+    torch.save({"draws": draws.tolist(), "find_unused": trainer.ddp.find_unused_parameters
+                if hasattr(trainer.ddp, "find_unused_parameters") else None}, out / f"rank{rank}.pt")  # fmt: skip
+    del trainer
+    gc.collect()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_multiphysics_model_trains_ranks_drawing_different_sources_with_no_unused_parameter_search(
+    tmp_path, strategy
+):
+    """Under ddp each rank draws its own dataset and DDP needs no search for unused parameters (the model uses all
+    of them whatever the dataset); under fsdp, refused for the transformer, the ranks of the shard group draw the
+    same dataset and train."""
+    run_dir = prepare_run(tmp_path, overrides=[*MULTIPHYSICS, f"dist.parallel={strategy}"])
+    run_ranks(_fit_drawing, 2, run_dir, tmp_path)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    if strategy == "ddp":
+        assert results[0]["find_unused"] is False and results[0]["draws"] != results[1]["draws"]
+    else:
+        assert results[0]["draws"] == results[1]["draws"]
 
 
 def _stop_at_boundary(rank: int, out) -> None:

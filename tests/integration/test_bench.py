@@ -111,6 +111,28 @@ def test_quick_well_benchmark_runs_the_demo_config_from_nothing(tmp_path):
     assert "| A |" in table and "vrmse_6_12" in table and table in proc.stdout
 
 
+def test_quick_pretrain_benchmark_pretrains_on_1d_3d_and_well_data_and_fine_tunes_onto_the_held_out_set(tmp_path):
+    """configs/pretrain.yaml's mix cut to three datasets (1D PDEBench, 3D PDEBench, The Well's 2D schema) through
+    the CLI, each alone, then configs/finetune-flow1d.yaml from the pretrained run and from scratch."""
+    from train.checkpoint import SPECS, load_checkpoint
+
+    proc = bench(tmp_path, "pretrain")
+    result = json.loads((tmp_path / "pretrain.json").read_text())
+    assert sorted(result["pretrained"]) == sorted(result["alone"]) == ["advection", "flow3d", "gray_scott"]
+    assert result["held_out"] == "flow1d" and sorted(result["curves"]) == ["fine-tuned", "scratch"]
+    assert all(math.isfinite(v) for curve in result["curves"].values() for v in curve.values())
+    assert result["summary"]["pretrained"]["tasks"] == 3
+    runs = tmp_path / "w" / "pretrain" / "runs"
+    specs = load_checkpoint(runs / "pretrain" / "checkpoints" / "best.pt")[SPECS]
+    assert list(specs["flow3d"]["fields"]) == ["density", "pressure", "velocity_x", "velocity_y", "velocity_z"]
+    assert list(specs["gray_scott"]["fields"]) == ["concentration_a", "concentration_b", "feed_rate", "kill_rate"]
+    tuned = (runs / "fine-tuned-3" / "logs" / "rank0.log").read_text()
+    # 1D flow's fields are all known to the mix (from its 3D flow), and 1D patches of 8 from advection
+    assert "initial weights from" in tuned and "fresh" not in tuned.partition("initial weights from")[2].split("\n")[0]
+    table = (tmp_path / "pretrain.md").read_text()
+    assert "| flow3d | cfd3d |" in table and table in proc.stdout
+
+
 def test_quick_scale_benchmark_builds_in_place_and_copied_caches_and_launches_in_a_memory_cgroup(tmp_path):
     from tests.helpers import unavailable
     from train.bench import cgroup

@@ -151,7 +151,7 @@ def test_validation_and_test_trajectories_held_on_the_device_read_as_from_the_ca
     from train.model.specs import TaskData, task_spec
 
     info = _adv_cache(tmp_path)
-    task = TaskData("adv", info, task_spec(info, TaskConfig(pde="advection1d", initial_step=2)))
+    task = TaskData("adv", info, task_spec(info, TaskConfig(pde="advection1d", initial_step=2), "adv"))
     rows = np.array([1, 0])  # val and test hold 2 trajectories each
     want = {split: task.trajectories(split, rows) for split in ("val", "test")}
     one = task.trajectories("val", [0]).nbytes

@@ -23,7 +23,7 @@ from train.engine.setup import (
     unused_parameters,
 )
 from train.engine.signals import STOP_SIGNALS, StopRequest
-from train.engine.streams import EpochStreams, step_seed, task_draws
+from train.engine.streams import EpochStreams, draw_group, draw_probabilities, step_seed, task_draws
 from train.errors import ConfigError
 from train.model.multitask import MultiTaskSurrogate
 from train.model.specs import TaskSpec
@@ -160,13 +160,34 @@ def test_dead_parameters_are_named_in_a_config_error():
 
 
 # ------------------------------------------------------------------------------------------ task draws
+P31 = np.array([0.75, 0.25])
+
+
 def test_task_draws_are_deterministic_weighted_and_differ_between_ranks():
-    a = task_draws(0, 0, 3, 4000, [3.0, 1.0])
-    assert np.array_equal(a, task_draws(0, 0, 3, 4000, [3.0, 1.0]))
+    a = task_draws(0, 0, 3, 4000, P31)
+    assert np.array_equal(a, task_draws(0, 0, 3, 4000, P31))
     assert 0.72 < np.mean(a == 0) < 0.78
-    assert not np.array_equal(a, task_draws(0, 1, 3, 4000, [3.0, 1.0]))
-    assert not np.array_equal(a, task_draws(0, 0, 4, 4000, [3.0, 1.0]))
+    assert not np.array_equal(a, task_draws(0, 1, 3, 4000, P31))
+    assert not np.array_equal(a, task_draws(0, 0, 4, 4000, P31))
     assert len({step_seed(0, r, e, s) for r in range(2) for e in range(3) for s in range(50)}) == 300
+
+
+def test_draw_probabilities_follow_weights_times_size_to_the_alpha():
+    assert np.allclose(draw_probabilities([1, 1, 1], [100, 400, 900], 0.0), [1 / 3] * 3)
+    assert np.allclose(draw_probabilities([1, 1, 1], [100, 400, 900], 1.0), [100 / 1400, 400 / 1400, 900 / 1400])
+    # alpha 1/2 (a temperature of 2) flattens the mix toward its small sources; a zero weight keeps a task out
+    assert np.allclose(draw_probabilities([1, 1, 0], [100, 400, 900], 0.5), [1 / 3, 2 / 3, 0])
+
+
+def test_ranks_of_one_shard_group_draw_the_same_tasks():
+    groups = [draw_group("hsdp", rank, 2) for rank in range(4)]
+    assert groups == [0, 0, 1, 1]
+    assert [draw_group("fsdp", rank, 4) for rank in range(4)] == [0] * 4
+    assert [draw_group("ddp", rank, 4) for rank in range(4)] == [0, 1, 2, 3]
+    p = draw_probabilities([1, 1, 1], [1, 1, 1], 0.0)
+    draws = [task_draws(7, g, 2, 50, p) for g in groups]
+    assert np.array_equal(draws[0], draws[1]) and np.array_equal(draws[2], draws[3])
+    assert not np.array_equal(draws[0], draws[2])
 
 
 class Items:
@@ -190,7 +211,7 @@ def streams_from(start, draws, micro_steps=12):
 
 @pytest.mark.parametrize("weighted", [False, True])
 def test_streams_resumed_mid_epoch_yield_what_the_whole_epoch_yields(weighted):
-    draws = task_draws(0, 1, 5, 12, [1.0, 2.0]) if weighted else None
+    draws = task_draws(0, 1, 5, 12, draw_probabilities([1.0, 2.0], [1, 1], 0.0)) if weighted else None
     whole = streams_from(0, draws)
     reference = [whole.batches_at(i) for i in range(12)]
     for start in (1, 5, 11):

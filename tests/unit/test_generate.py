@@ -73,6 +73,20 @@ def test_layout_darcy(tmp_path):
     assert json.loads(h5py.File(path, "r").attrs["generator"]) == params
 
 
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_layout_cfd_is_pdebenchs_with_velocities_within_the_coefficient(tmp_path, dims):
+    path, params = _make(tmp_path, f"cfd{dims}d", resolution=8, coefficient=0.5)
+    data = _read(path)
+    velocities = ["Vx", "Vy", "Vz"][:dims]
+    assert sorted(k for k in data if not k.endswith("coordinate")) == sorted(["density", "pressure", *velocities])
+    assert data["density"].shape == (4, gen.CFD_FRAMES, *[8] * dims) and data["density"].dtype == np.float32
+    assert data["t-coordinate"].shape == (gen.CFD_FRAMES + 1,)
+    for v in velocities:
+        assert np.abs(data[v]).max() <= 0.5 and np.ptp(data[v], axis=tuple(range(1, dims + 2))).max() == 0
+    assert gen.generator_params(path) == params and params["pde"] == f"cfd{dims}d"
+    assert gen.pdebench_filename("cfd3d", 1.0) == "3D_CFD_Advected_V1.0_periodic_Train.hdf5"
+
+
 def test_pdebench_filename():
     assert gen.pdebench_filename("advection1d", 0.1) == "1D_Advection_Sols_beta0.1.hdf5"
     assert gen.pdebench_filename("burgers1d", 0.001) == "1D_Burgers_Sols_Nu0.001.hdf5"

@@ -22,6 +22,7 @@ SMALL = {
     "transformer": {"transformer": {"d_model": 16, "n_heads": 2, "n_layers": 1}},
     "fno": {"fno": {"modes": 6, "width": 8, "layers": 2}},
     "unet": {"unet": {"init_features": 4}},
+    "multiphysics": {"multiphysics": {"d_model": 16, "n_heads": 2, "n_layers": 1, "field_width": 4}},
 }
 
 

@@ -1,4 +1,4 @@
-"""python -m train.bench [cache-io|trainer|models|remote|well|operators|finetune|sweep|parallel|scale|all]: the
+"""python -m train.bench [cache-io|trainer|models|remote|well|operators|finetune|pretrain|sweep|parallel|scale|all]: the
 benchmarks, each writing NAME.json/.md to --out.
 
 - cache-io: data loading, our mmap cache against per-sample h5py and shared memory (train/bench/cache_io.py);
@@ -10,11 +10,13 @@ benchmarks, each writing NAME.json/.md to --out.
   the baseline and beside the published FNO errors (train/bench/operators.py);
 - finetune: the default advection model fine-tuned on another coefficient against training from scratch
   (train/bench/finetune.py);
+- pretrain: one multi-physics model on configs/pretrain.yaml's eight datasets against single-task models, then
+  fine-tuned onto a held-out dataset against training from scratch (train/bench/pretrain.py);
 - sweep: an 8-trial search over the FNO's width, modes and learning rate against the default config
   (train/bench/sweep.py);
 - parallel: ddp, fsdp and hsdp on 2 and 4 CPU ranks: model state per rank, step time, checkpoint write and load,
   sharded and full (train/bench/parallel.py);
-- all (the default, also when only options are given): all nine (not scale), with their default sizes.
+- all (the default, also when only options are given): all ten (not scale), with their default sizes.
 """
 
 from __future__ import annotations
@@ -23,11 +25,24 @@ import argparse
 import sys
 from pathlib import Path
 
-from train.bench import cache_io, finetune, models, operators, parallel, remote, scale, sweep, trainer_step, well
+from train.bench import (
+    cache_io,
+    finetune,
+    models,
+    operators,
+    parallel,
+    pretrain,
+    remote,
+    scale,
+    sweep,
+    trainer_step,
+    well,
+)
 from train.errors import TrainError
 
 COMMANDS = (
-    "cache-io", "trainer", "models", "remote", "well", "operators", "finetune", "sweep", "parallel", "scale", "all",
+    "cache-io", "trainer", "models", "remote", "well", "operators", "finetune", "pretrain", "sweep", "parallel",
+    "scale", "all",
 )  # fmt: skip
 # Each benchmark's own options and their defaults (``all`` runs both with these).
 CACHE_IO = {"cache_gb": 1.1, "steps": 400, "h5py_steps": 40, "warmup": 5}
@@ -77,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sub.add_parser("well", help=well.__doc__.splitlines()[0]))
     _common(sub.add_parser("operators", help=operators.__doc__.splitlines()[0]))
     _common(sub.add_parser("finetune", help=finetune.__doc__.splitlines()[0]))
+    _common(sub.add_parser("pretrain", help=pretrain.__doc__.splitlines()[0]))
     _common(sub.add_parser("sweep", help=sweep.__doc__.splitlines()[0]))
     _common(sub.add_parser("parallel", help=parallel.__doc__.splitlines()[0]))
     sc = sub.add_parser("scale", help=scale.__doc__.splitlines()[0])
@@ -156,6 +172,12 @@ def finetune_main(args: argparse.Namespace) -> dict:
     return result
 
 
+def pretrain_main(args: argparse.Namespace) -> dict:
+    result = pretrain.run(args.out, args.workdir, args.quick)
+    print((args.out / "pretrain.md").read_text(), flush=True)
+    return result
+
+
 def sweep_main(args: argparse.Namespace) -> dict:
     result = sweep.run(args.out, args.workdir, args.quick)
     print((args.out / "sweep.md").read_text(), flush=True)
@@ -192,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "well": [well_main],
         "operators": [operators_main],
         "finetune": [finetune_main],
+        "pretrain": [pretrain_main],
         "sweep": [sweep_main],
         "parallel": [parallel_main],
         "scale": [scale_main],  # 15 GB of disk and tens of minutes: not part of all
@@ -203,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             well_main,
             operators_main,
             finetune_main,
+            pretrain_main,
             sweep_main,
             parallel_main,
         ],

@@ -9,8 +9,10 @@ source again.
 
 Matching is by parameter name. A parameter under the name of a task the source was not trained on (the
 transformer's ``codecs.<task>.*``, the FNO's and U-Net's ``networks.<task>.*``, a user model's ModuleDict by
-task) starts fresh; the source's parameters of tasks this run leaves out are dropped. Any other parameter must
-be in the source with the same shape: a mismatch names the parameter and both shapes.
+task) starts fresh; the source's parameters of tasks this run leaves out are dropped. A model whose weights are
+rows keyed by the data (the multi-physics model's field vocabulary and patch geometries) first fits the source's
+state to itself (``adapt_initial_state``): known field names keep their trained rows, new ones start fresh.
+Any other parameter must be in the source with the same shape: a mismatch names the parameter and both shapes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import nn
 from train.checkpoint import CONFIG, MODEL, SPECS, load_checkpoint
 from train.config import Config
 from train.errors import ConfigError
+from train.model.specs import spec_from_record
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,12 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
     state, ours = saved[MODEL], model.state_dict()
     source_tasks, our_tasks = set(saved.get(SPECS, {})), set(cfg.tasks)
     new_tasks, dropped = our_tasks - source_tasks, source_tasks - our_tasks
-    problems, load, fresh = [], {}, set()
+    new_fields, fresh_parts = [], []
+    adapt = getattr(model, "adapt_initial_state", None)  # a model whose rows are keyed by the data (field names)
+    if adapt is not None:
+        source_specs = {name: spec_from_record(record) for name, record in saved.get(SPECS, {}).items()}
+        state, new_fields, fresh_parts = adapt(state, source_specs)
+    problems, load, fresh, shapes = [], {}, set(), set()
     for key, value in ours.items():
         if key in state and tuple(state[key].shape) == tuple(value.shape):
             load[key] = state[key]
@@ -68,6 +76,8 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
             problems.append(f"{key}: {tuple(state[key].shape)} there, {tuple(value.shape)} here")
         elif (task := _task_of(key, new_tasks)) is not None:
             fresh.add(task)
+        elif key.startswith(tuple(fresh_parts)):
+            shapes.add(key.split(".")[1])
         else:
             problems.append(f"{key}: not in the source")
     if problems:
@@ -83,11 +93,14 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
                           "model.* to the source")  # fmt: skip
     model.load_state_dict(load, strict=False)
     log.info(
-        "initial weights from %s: %d tensors loaded%s%s", path, len(load),
+        "initial weights from %s: %d tensors loaded%s%s%s%s", path, len(load),
         f"; fresh heads for {', '.join(sorted(fresh))}" if fresh else "",
+        f"; fresh rows for the new field(s) {', '.join(new_fields)}" if new_fields else "",
+        f"; fresh projections for the new patch geometry {', '.join(sorted(shapes))}" if shapes else "",
         f"; the source's {', '.join(sorted(dropped))} left out" if dropped else "",
     )  # fmt: skip
-    return {**record, "loaded": len(load), "fresh_tasks": sorted(fresh), "dropped_tasks": sorted(dropped)}
+    return {**record, "loaded": len(load), "fresh_tasks": sorted(fresh), "dropped_tasks": sorted(dropped),
+            "new_fields": new_fields, "new_geometries": sorted(shapes)}  # fmt: skip
 
 
 def freeze(model: nn.Module, prefixes: list[str]) -> int:

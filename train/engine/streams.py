@@ -15,15 +15,29 @@ from torch.utils.data import DataLoader
 from train.data.dataset import EqualBatchSampler
 
 
-def task_draws(seed: int, rank: int, epoch: int, micro_steps: int, weights: list[float]) -> np.ndarray:
-    """Index of the task this rank trains at each micro-step of ``epoch`` (task_sampling=weighted).
+def draw_probabilities(weights: list[float], sizes: list[int], alpha: float) -> np.ndarray:
+    """Each task's probability of being drawn: its sampling_weight x its size (training windows) ^ alpha."""
+    p = np.asarray(weights, dtype=np.float64) * np.asarray(sizes, dtype=np.float64) ** alpha
+    assert p.sum() > 0, "the config refuses a mix whose every weight is 0"
+    return p / p.sum()
 
-    Ranks draw independently (the rank is part of the random seed), so in one step they usually train different tasks;
-    each rank still runs exactly ``micro_steps`` micro-steps.
+
+def draw_group(strategy: str, rank: int, shard_group_size: int) -> int:
+    """Which ranks draw the same tasks: under ddp each rank its own; under fsdp and hsdp the ranks of one shard
+    group (they gather each other's weights, so a group trains one source at a time and no rank waits on a
+    larger one's step)."""
+    return rank if strategy == "ddp" else rank // shard_group_size
+
+
+def task_draws(seed: int, group: int, epoch: int, micro_steps: int, p: np.ndarray) -> np.ndarray:
+    """Index of the task this rank trains at each micro-step of ``epoch`` (task_sampling=weighted), from the
+    probabilities ``p``.
+
+    Draw groups draw independently (``group``, :func:`draw_group`, is part of the random seed), so in one step
+    they usually train different tasks; each rank still runs exactly ``micro_steps`` micro-steps.
     """
-    p = np.asarray(weights, dtype=np.float64)
-    rng = np.random.default_rng([seed, rank, epoch, 0x7A5C])
-    return rng.choice(len(p), size=micro_steps, p=p / p.sum())
+    rng = np.random.default_rng([seed, group, epoch, 0x7A5C])
+    return rng.choice(len(p), size=micro_steps, p=p)
 
 
 def step_seed(seed: int, rank: int, epoch: int, micro_step: int) -> int:

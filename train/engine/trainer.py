@@ -74,7 +74,7 @@ from train.engine.setup import (
     unused_parameters,
 )
 from train.engine.signals import StopRequest
-from train.engine.streams import EpochStreams, step_seed, task_draws
+from train.engine.streams import EpochStreams, draw_group, draw_probabilities, step_seed, task_draws
 from train.errors import ConfigError, DataError, Preempted
 from train.model.builtin import MODELS
 from train.model.factory import check_outputs, factory_source, forward_failed
@@ -141,7 +141,9 @@ class Trainer:
         self.unroll = bool(self.rolled_out)
         trained = Unroll(self.model, self.rolled_out) if self.unroll else self.model
         self.precision = resolve_precision(cfg.train.precision, env.device)
-        find_unused = self.weighted or cfg.train.find_unused_parameters
+        # Ranks drawing different tasks leave some parameters without a gradient, unless the model uses all of
+        # them whatever the task (the multi-physics model): DDP searches for them only where the probe found any.
+        find_unused = cfg.train.find_unused_parameters or (self.weighted and any(self.unused_by_task.values()))
         self.ddp = parallel.wrap(trained, self.model, env, cfg, find_unused, self.precision)
         self.sharded = parallel.is_sharded(self.model)
         self.shard_checkpoints = self.sharded and parallel.writes_shards(cfg, env, run.read_node_token())
@@ -155,6 +157,10 @@ class Trainer:
             self.model.parameters(), cfg.train, self.steps * cfg.train.epochs
         )
         self.loaders, self.samplers = training_loaders(cfg, env, tasks, self.steps * self.micro)
+        weights = [cfg.tasks[n].sampling_weight for n in self.names]
+        sizes = [self.samplers[n].n_items for n in self.names]
+        self.draw_p = draw_probabilities(weights, sizes, cfg.train.sampling_alpha)
+        self.draw_group = draw_group(cfg.dist.parallel, env.rank, parallel.shard_group_size(cfg, env))
         self.weights = {t.name: cfg.tasks[t.name].loss_weight for t in tasks}
         self.val_tasks = [t for t in tasks if t.info.sizes["val"]]
         if cfg.train.early_stop_patience and not self.val_tasks:
@@ -352,8 +358,7 @@ class Trainer:
     def _epoch(self, stop: StopRequest, sinks: MetricSinks, bar: Progress) -> None:
         cfg, s = self.cfg, self.state
         micro_steps = self.steps * self.micro
-        weights = [cfg.tasks[n].sampling_weight for n in self.names]
-        draws = task_draws(cfg.run.seed, self.env.rank, s.epoch, micro_steps, weights) if self.weighted else None
+        draws = task_draws(cfg.run.seed, self.draw_group, s.epoch, micro_steps, self.draw_p) if self.weighted else None
         streams = EpochStreams(self.loaders, self.samplers, s.epoch, s.step_in_epoch * self.micro, micro_steps, draws)
         window = LossWindow(len(self.names), self.env.device)
         self.data_wait.take()

@@ -14,9 +14,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from train.config import BUILT_IN_MODELS, FNOConfig, ModelConfig, Section, TransformerConfig, UNetConfig
+from train.config import (
+    BUILT_IN_MODELS,
+    FNOConfig,
+    ModelConfig,
+    MultiphysicsConfig,
+    Section,
+    TransformerConfig,
+    UNetConfig,
+)
+from train.model import multiphysics, multitask
 from train.model.fno import FNO
-from train.model.multitask import MultiTaskSurrogate
 from train.model.specs import TaskSpec
 from train.model.unet import UNet
 
@@ -48,19 +56,31 @@ class BuiltIn:
     """What it is, in a line."""
     shard_units: tuple[str, ...] = ()
     """Module-name patterns of its blocks, each sharded as one unit under dist.parallel=fsdp/hsdp."""
+    check: Callable[[dict[str, TaskSpec], Section], list[str]] = lambda specs, settings: []
+    """``check(specs, settings)``: what makes a task unusable with it (a patch that does not tile the grid), each
+    phrased as a config fix; checked once the data's shapes are known."""
 
 
 MODELS: dict[str, BuiltIn] = {
     "transformer": BuiltIn(
         TransformerConfig,
-        lambda specs, settings: MultiTaskSurrogate(specs, settings),
+        lambda specs, settings: multitask.MultiTaskSurrogate(specs, settings),
         "per-task patch encoders and decoders around one shared transformer processor",
         ("codecs.*", "processor.layers.*"),
+        lambda specs, settings: multitask.check_specs(specs),
     ),
     "fno": BuiltIn(
         FNOConfig, _per_task(FNO), "a Fourier neural operator per task, after PDEBench's FNO1d/2d/3d", ("networks.*",)
     ),
     "unet": BuiltIn(UNetConfig, _per_task(UNet), "a U-Net per task, after PDEBench's UNet1d/2d/3d", ("networks.*",)),
+    "multiphysics": BuiltIn(
+        MultiphysicsConfig,
+        multiphysics.MultiPhysicsSurrogate,
+        "one model for 1D/2D/3D datasets: patch tokens of any dimension, a field vocabulary shared by name, "
+        "per-sample normalisation, attention over space and time",
+        ("blocks.*",),
+        multiphysics.check_specs,
+    ),
 }
 assert tuple(MODELS) == BUILT_IN_MODELS, "the config validates model.name against these names"
 
@@ -68,6 +88,11 @@ assert tuple(MODELS) == BUILT_IN_MODELS, "the config validates model.name agains
 def settings_of(cfg: ModelConfig) -> Section:
     """The settings section of a built-in ``cfg.name``."""
     return getattr(cfg, cfg.name)
+
+
+def check_builtin(specs: Mapping[str, TaskSpec], cfg: ModelConfig) -> list[str]:
+    """What makes these tasks unusable with the built-in model ``cfg`` (nothing for a model of the user's)."""
+    return MODELS[cfg.name].check(dict(specs), settings_of(cfg)) if cfg.name in MODELS else []
 
 
 def build_builtin(specs: Mapping[str, TaskSpec], cfg: ModelConfig) -> nn.Module:

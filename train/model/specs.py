@@ -14,6 +14,7 @@ import torch
 from train.config import TaskConfig
 from train.data.cache.build import CacheInfo
 from train.data.dataset import LatentInfo
+from train.model.fields import task_fields
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class TaskSpec:
     boundary: tuple[tuple[int, int], ...] = ()
     """Per spatial axis, the (lower, upper) boundary codes WALL=0, OPEN=1, PERIODIC=2 where the data says
     (The Well); () where it does not (PDEBench). The built-in FNO and U-Net wrap periodic axes and pad others."""
+    fields: tuple[str, ...] = ()
+    """The physical name of each channel (train.model.fields): the inputs, then for a steady task the outputs;
+    () where unknown. The multi-physics model's weights are rows by these names."""
 
     @property
     def const_channels(self) -> int:
@@ -53,8 +57,16 @@ class TaskSpec:
         return asdict(self)
 
 
-def task_spec(info: CacheInfo, task: TaskConfig) -> TaskSpec:
-    """The spec of a task whose cache is ``info``: shapes from the data, patching and history from the config."""
+def spec_from_record(record: dict) -> TaskSpec:
+    """A TaskSpec from its record in a checkpoint (``as_dict``, JSON-like: lists for tuples); keys a checkpoint
+    predates take their defaults."""
+    tuples = lambda value: tuple(tuples(v) for v in value) if isinstance(value, list | tuple) else value  # noqa: E731
+    return TaskSpec(**{key: tuples(value) for key, value in record.items()})
+
+
+def task_spec(info: CacheInfo, task: TaskConfig, name: str) -> TaskSpec:
+    """The spec of task ``name`` whose cache is ``info``: shapes from the data, patching and history from the
+    config, field names from both."""
     return TaskSpec(
         grid=info.grid,
         in_channels=info.in_channels,
@@ -64,6 +76,7 @@ def task_spec(info: CacheInfo, task: TaskConfig) -> TaskSpec:
         autoregressive=info.autoregressive,
         frame_stride=task.window_stride,
         boundary=tuple(tuple(int(c) for c in axis) for axis in info.boundary),
+        fields=task_fields(name, task, info),
     )
 
 

@@ -151,6 +151,19 @@ def _fine_tuned(weights_from: dict | None) -> list[str]:
     return [f"Fine-tuned: the initial weights came from `{source}` (`{path}`, SHA-256 {sha}).", ""]
 
 
+def summary_score(results: dict[str, dict]) -> dict[str, float]:
+    """One score for a run of many tasks: the mean test nRMSE, and the geometric mean over tasks of the model's
+    nRMSE relative to its baseline's (below 1: better than the baseline; each task counts the same whatever its
+    scale, since both are relative to the task's own)."""
+    scored = [r for r in results.values() if _finite(r.get("nrmse")) is not None]
+    ratios = [r["nrmse"] / r["baseline_nrmse"] for r in scored if (_finite(r.get("baseline_nrmse")) or 0) > 0]
+    return {
+        "tasks": len(results),
+        "mean_nrmse": float(np.mean([r["nrmse"] for r in scored])) if scored else float("nan"),
+        "nrmse_to_baseline": float(np.exp(np.mean(np.log(ratios)))) if ratios else float("nan"),
+    }
+
+
 def _markdown(
     run_dir,
     results,
@@ -185,6 +198,11 @@ def _markdown(
         base_cells = " | ".join(_fmt(r[f"baseline_{k}"]) for k in HEADINGS)
         lines.append(f"| {name} | {model} | {model_cells} | {r['n_samples']} |")
         lines.append(f"| {name} | baseline | {base_cells} | {r['n_samples']} |")
+    if len(results) > 1:
+        score = summary_score(results)
+        lines += ["", f"Over the {score['tasks']} tasks: mean nRMSE {_fmt(score['mean_nrmse'])}; geometric mean of "
+                      f"nRMSE / baseline nRMSE {_fmt(score['nrmse_to_baseline'])} (below 1: better than the "
+                      "baselines)."]  # fmt: skip
     lines += _well_tables(results)
     lines += ["", "## Data", "", "| task | split | origin | file read | samples |", "|---|---|---|---|---|"]
     for name, splits in data.items():

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -25,7 +25,6 @@ from train.checkpoint import (
     CONFIG,
     MODEL,
     MODEL_SOURCE,
-    SPEC_DEFAULTS,
     SPECS,
     TASK_CARDS,
     checkpoint_for_evaluation,
@@ -41,7 +40,7 @@ from train.engine.setup import resolve_precision
 from train.errors import ConfigError, DataError, PreflightError, TrainError
 from train.model.builtin import MODELS
 from train.model.factory import build_model, factory_source
-from train.model.specs import TaskSpec
+from train.model.specs import TaskSpec, spec_from_record
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +76,7 @@ class TaskCard:
                 "hold them: Surrogate.load('runs/<name>', checkpoint=...)"
             )
         card = cards[name]
-        spec = {**SPEC_DEFAULTS, **saved[SPECS][name]}
-        spec = TaskSpec(**{**spec, "grid": tuple(spec["grid"]), "boundary": _tuples(spec["boundary"])})
+        spec = spec_from_record(saved[SPECS][name])
         return cls(
             name=name,
             spec=spec,
@@ -97,10 +95,6 @@ class TaskCard:
         in_channels) for a steady task."""
         frames = (self.spec.initial_step,) if self.spec.autoregressive else ()
         return (batch, *frames, *self.spec.grid, self.spec.in_channels)
-
-
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list | tuple) else value
 
 
 class Surrogate:

@@ -7,6 +7,9 @@ Equations (all on the unit interval / square, cell-centred grids, coordinates ar
 - ``burgers1d``: u_t + (u^2/2)_x = (nu/pi) u_xx, periodic; the file attr ``Nu`` is nu. Second-order finite
   volume: MUSCL/minmod reconstruction, Rusanov flux, central diffusion flux, SSP-RK2, per-sample time step
   limited by advection and diffusion together, last substep shortened to land on every save time.
+- ``cfd1d``, ``cfd2d``, ``cfd3d``: the compressible Euler equations' exact solution of a density pattern carried
+  by a uniform flow at uniform pressure (train.data.acquire.generate_cfd); the coefficient is the largest speed
+  of a velocity component, the resolution the points per axis, 21 frames over t = 0..1.
 - ``darcy2d``: -div(a grad u) = beta, u = 0 on the boundary; a = 1 where a Gaussian-smoothed white-noise field
   exceeds the batch mean, 0.1 elsewhere. Five-point finite volume with harmonic-mean face coefficients, the
   wall half a cell away; exact steady state by a sparse direct solve (PDEBench stores a late pseudo-time
@@ -34,6 +37,7 @@ import h5py
 import numpy as np
 
 from train.atomic import atomic_path
+from train.data.acquire.generate_cfd import write_cfd_fields
 from train.errors import StopRequested
 from train.pdes import GENERATED, LAYOUTS
 
@@ -43,6 +47,7 @@ DT_SAVE = 0.01
 CFL = 0.4  # of the combined advective + diffusive limit; keeps the MUSCL scheme free of new extrema
 WINDOW_WIDTH = 0.02
 DARCY_SIGMA = 0.04  # Gaussian smoothing length of the permeability noise, in domain units
+CFD_FRAMES = 21  # t = 0, 0.05, ..., 1.0
 CHUNK_ELEMENTS = 1 << 24  # float32 elements buffered per chunk (64 MiB) before writing to the file
 
 
@@ -52,7 +57,7 @@ def _check_pde(pde: str) -> None:
 
 
 def _check_coefficient(pde: str, coefficient: float) -> float:
-    name = "nu" if pde == "burgers1d" else "beta"
+    name = "nu" if pde == "burgers1d" else "speed" if pde.startswith("cfd") else "beta"
     try:
         value = float(coefficient)
     except (TypeError, ValueError):
@@ -272,6 +277,9 @@ def _write_darcy(f: h5py.File, n: int, res: int, beta: float, seed: int) -> None
 
 def file_bytes(pde: str, n_samples: int, resolution: int) -> int:
     """The bytes of the arrays a generated file holds (float32): what the disk must have room for."""
+    if pde.startswith("cfd"):
+        dims = LAYOUTS[pde].spatial_dims
+        return 4 * int(n_samples) * CFD_FRAMES * resolution**dims * (2 + dims)
     per_sample = 2 * resolution**2 if pde == "darcy2d" else N_FRAMES_1D * resolution
     return 4 * int(n_samples) * per_sample
 
@@ -300,6 +308,9 @@ def generate(
         f.attrs["generator"] = json.dumps(params, sort_keys=True)
         if pde == "darcy2d":
             _write_darcy(f, params["n_samples"], params["resolution"], coef, params["seed"])
+        elif pde.startswith("cfd"):
+            grid = (params["resolution"],) * LAYOUTS[pde].spatial_dims
+            write_cfd_fields(f, params["n_samples"], CFD_FRAMES, grid, params["seed"], coef)
         else:
             _write_1d(f, pde, params["n_samples"], params["resolution"], coef, params["seed"])
     return params

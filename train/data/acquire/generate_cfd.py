@@ -27,10 +27,10 @@ def cfd_fields(dims: int) -> tuple[str, ...]:
     return ("density", "pressure", *VELOCITIES[:dims])
 
 
-def _sample(seed: int, i: int, grid: tuple[int, ...], times: np.ndarray) -> dict[str, np.ndarray]:
+def _sample(seed: int, i: int, grid: tuple[int, ...], times: np.ndarray, speed: float) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([seed, i])
     dims = len(grid)
-    velocity = rng.uniform(-1.0, 1.0, dims)
+    velocity = rng.uniform(-1.0, 1.0, dims) * speed
     axes = np.meshgrid(*[(np.arange(n) + 0.5) / n for n in grid], indexing="ij")
     density = np.ones((len(times), *grid), np.float64)
     for _ in range(2):
@@ -46,22 +46,27 @@ def _sample(seed: int, i: int, grid: tuple[int, ...], times: np.ndarray) -> dict
     return {key: value.astype(np.float32) for key, value in out.items()}
 
 
-def write_cfd(path: str | Path, n_samples: int, frames: int, grid: tuple[int, ...], seed: int = 0) -> Path:
-    """Write the file atomically (a temporary name until complete); contiguous datasets, as PDEBench's."""
+def write_cfd_fields(f: h5py.File, n_samples: int, frames: int, grid: tuple[int, ...], seed: int, speed: float = 1.0):
+    """The fields and coordinates into an open file; each velocity component drawn from [-speed, speed]."""
     assert 1 <= len(grid) <= 3, grid
-    path = Path(path)
     times = np.linspace(0.0, 1.0, frames)
     per_sample = 4 * frames * int(np.prod(grid)) * (2 + len(grid))
     block = max(1, BLOCK_BYTES // per_sample)
+    sets = {k: f.create_dataset(k, (n_samples, frames, *grid), "<f4") for k in cfd_fields(len(grid))}
+    for axis, n in zip("xyz", grid, strict=False):
+        f[f"{axis}-coordinate"] = ((np.arange(n) + 0.5) / n).astype(np.float32)
+    f["t-coordinate"] = np.append(times, times[-1] + (times[1] - times[0] if frames > 1 else 1)).astype(np.float32)
+    for start in range(0, n_samples, block):
+        StopRequested.check()
+        stop = min(n_samples, start + block)
+        samples = [_sample(seed, i, grid, times, speed) for i in range(start, stop)]
+        for key, dataset in sets.items():
+            dataset[start:stop] = np.stack([s[key] for s in samples])
+
+
+def write_cfd(path: str | Path, n_samples: int, frames: int, grid: tuple[int, ...], seed: int = 0) -> Path:
+    """Write the file atomically (a temporary name until complete); contiguous datasets, as PDEBench's."""
+    path = Path(path)
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        sets = {k: f.create_dataset(k, (n_samples, frames, *grid), "<f4") for k in cfd_fields(len(grid))}
-        for axis, n in zip("xyz", grid, strict=False):
-            f[f"{axis}-coordinate"] = ((np.arange(n) + 0.5) / n).astype(np.float32)
-        f["t-coordinate"] = np.append(times, times[-1] + (times[1] - times[0] if frames > 1 else 1)).astype(np.float32)
-        for start in range(0, n_samples, block):
-            StopRequested.check()
-            stop = min(n_samples, start + block)
-            samples = [_sample(seed, i, grid, times) for i in range(start, stop)]
-            for key, dataset in sets.items():
-                dataset[start:stop] = np.stack([s[key] for s in samples])
+        write_cfd_fields(f, n_samples, frames, grid, seed)
     return path
