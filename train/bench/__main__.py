@@ -10,7 +10,7 @@ benchmarks, each writing NAME.json/.md to --out.
   the baseline and beside the published FNO errors (train/bench/operators.py);
 - finetune: the default advection model fine-tuned on another coefficient against training from scratch
   (train/bench/finetune.py);
-- pretrain: one multi-physics model on configs/pretrain.yaml's eight datasets against single-task models, then
+- pretrain: one multi-physics model on configs/pretrain.yaml's ten datasets against single-task models, then
   fine-tuned onto a held-out dataset against training from scratch (train/bench/pretrain.py);
 - sweep: an 8-trial search over the FNO's width, modes and learning rate against the default config
   (train/bench/sweep.py);

@@ -1,12 +1,12 @@
-"""Pretraining benchmark: one multi-physics model trained on configs/pretrain.yaml's eight datasets (1D, 2D and
-3D; PDEBench's, The Well's, neuraloperator's and the FNO paper's formats) against single-task models, then
+"""Pretraining benchmark: one multi-physics model trained on configs/pretrain.yaml's ten datasets (1D, 2D and
+3D; PDEBench's, The Well's, neuraloperator's, the FNO paper's and PDEArena's formats) against single-task models, then
 fine-tuned onto the held-out dataset of configs/finetune-flow1d.yaml against training from scratch.
 
 Every run is `python -m train run` on 2 ranks:
 
 1. pretrain: the recipe as it is (each rank draws one dataset per step);
 2. for each dataset of the mix, a single-task model: the same model settings and the same total steps, on that
-   dataset alone (so it sees about eight times more of its own data than the pretrained model did);
+   dataset alone (so it sees about ten times more of its own data than the pretrained model did);
 3. for each budget of ``BUDGETS`` steps, two runs on the held-out dataset with one epoch of that many steps
    (warm-up a sixth of it): fine-tuned (``train.init_from`` the pretrained run, at the fine-tuning recipe's
    learning rate) and from scratch (at the pretraining recipe's, the one a fresh model is trained with).
