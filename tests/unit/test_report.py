@@ -304,3 +304,13 @@ def test_the_report_has_a_heading_for_every_metric():
     from train.obs.report import HEADINGS
 
     assert set(HEADINGS) == set(KEYS)
+
+
+def test_the_summary_score_of_many_tasks_weighs_each_relative_to_its_own_baseline():
+    from train.obs.report import summary_score
+
+    results = {"a": {"nrmse": 0.1, "baseline_nrmse": 1.0}, "b": {"nrmse": 4.0, "baseline_nrmse": 1.0},
+               "c": {"nrmse": float("nan"), "baseline_nrmse": 1.0}}  # fmt: skip
+    score = summary_score(results)
+    assert score["tasks"] == 3 and score["mean_nrmse"] == pytest.approx(2.05)  # c has nothing to score
+    assert score["nrmse_to_baseline"] == pytest.approx((0.1 * 4.0) ** 0.5)  # geometric: 10x better, 4x worse
