@@ -36,7 +36,7 @@ RECIPE, FINETUNE = "pretrain.yaml", "finetune-flow1d.yaml"
 BUDGETS = (50, 150, 300, 900)
 QUICK = {
     "tasks": ("advection", "flow3d", "gray_scott"),
-    "pretrain": ["train.epochs=1", "train.steps_per_epoch=6", "train.warmup_steps=2"],
+    "train": {"epochs": 1, "steps_per_epoch": 6, "warmup_steps": 2},
     "data": {"n_samples": 24},
     "budgets": (3,),
 }
@@ -57,17 +57,13 @@ def _quick(cfg: dict) -> dict:
     for task in tasks.values():
         if "n_samples" in task:
             task.update(QUICK["data"], batch_size=min(task["batch_size"], 4))
-    return {**cfg, "tasks": tasks}
+    return {**cfg, "tasks": tasks, "train": {**cfg["train"], **QUICK["train"]}}
 
 
 def _cli(*args: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "train", *args], cwd=REPO, capture_output=True, text=True)
     if proc.returncode:
         raise TrainError(f"python -m train {' '.join(args[:4])} ... failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-
-
-def _steps(cfg: dict) -> int:
-    return cfg["train"]["epochs"] * cfg["train"]["steps_per_epoch"]
 
 
 def run(out: Path, workdir: Path, quick: bool = False) -> dict:
@@ -79,7 +75,6 @@ def run(out: Path, workdir: Path, quick: bool = False) -> dict:
     if quick:
         recipe, target = _quick(recipe), _quick(target)
     folders = [a for key in ("data", "cache", "runs") for a in ("--set", f"run.{key}_dir={root / key}")]
-    sets = [a for o in (QUICK["pretrain"] if quick else []) for a in ("--set", o)]
     walls: dict[str, float] = {}
 
     def train(name: str, cfg: dict, *extra: str) -> dict:
@@ -89,12 +84,12 @@ def run(out: Path, workdir: Path, quick: bool = False) -> dict:
         walls[name] = time.perf_counter() - began
         return read_summary(root / "runs" / name)
 
-    pretrained = train("pretrain", recipe, *sets)
-    steps = _steps(recipe) if not quick else 6
+    pretrained = train("pretrain", recipe)
+    steps = recipe["train"]["epochs"] * recipe["train"]["steps_per_epoch"]
     alone = {}
     for task in recipe["tasks"]:
         single = {**recipe, "tasks": {task: recipe["tasks"][task]}, "train": {**recipe["train"], "held_out": []}}
-        alone[task] = train(f"alone-{task}", single, *sets)[task]
+        alone[task] = train(f"alone-{task}", single)[task]
     held_out = next(iter(target["tasks"]))
     budgets = QUICK["budgets"] if quick else BUDGETS
     curves: dict[str, dict[int, float]] = {"fine-tuned": {}, "scratch": {}}

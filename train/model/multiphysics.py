@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from train.config import MultiphysicsConfig
+from train.model import multitask
 from train.model.multitask import patchify, unpatchify
 from train.model.specs import TaskSpec
 
@@ -57,16 +58,16 @@ def geometry(spec: TaskSpec) -> str:
     return f"{len(spec.grid)}d_p{spec.patch_size}"
 
 
-def _positions(grid: tuple[int, ...], patch: int, width: int, device, dtype) -> torch.Tensor:
+def _positions(grid: tuple[int, ...], patch: int, width: int) -> torch.Tensor:
     """Fixed sinusoids of the patch centres (in [0, 1) per axis, row-major as patchify orders the tokens),
     zero-padded to ``width``: (tokens, width). As many frequencies per axis as fit (POSITION_FREQUENCIES at most)."""
-    axes = [(torch.arange(n // patch, device=device, dtype=torch.float32) + 0.5) * patch / n for n in grid]
+    axes = [(torch.arange(n // patch, dtype=torch.float32) + 0.5) * patch / n for n in grid]
     centres = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(grid))
     count = max(1, min(POSITION_FREQUENCIES, width // (2 * len(grid))))
-    k = torch.arange(1, count + 1, device=device, dtype=torch.float32) * (2 * math.pi)
+    k = torch.arange(1, count + 1, dtype=torch.float32) * (2 * math.pi)
     angles = (centres[..., None] * k).reshape(centres.shape[0], -1)
     features = torch.cat([angles.sin(), angles.cos()], dim=-1)
-    return F.pad(features, (0, width - features.shape[-1])).to(dtype)
+    return F.pad(features, (0, width - features.shape[-1]))
 
 
 def tie(module: nn.Module) -> torch.Tensor:
@@ -127,6 +128,8 @@ class MultiPhysicsSurrogate(nn.Module):
             outputs = names[: spec.out_channels] if spec.autoregressive else names[spec.in_channels :]
             self.register_buffer(f"rows_in_{name}", torch.tensor([rows[f] for f in names[: spec.in_channels]]), False)
             self.register_buffer(f"rows_out_{name}", torch.tensor([rows[f] for f in outputs]), False)
+            # fixed, so computed once here rather than in every forward
+            self.register_buffer(f"positions_{name}", _positions(spec.grid, spec.patch_size, cfg.d_model), False)
         width, e = cfg.d_model, cfg.field_width
         # A field's row: weights of its normalised value, a bias, weights of the sample's mean and log-std of it.
         self.field_in = nn.Parameter(torch.randn(len(self.vocabulary), 4, e) * 0.02)
@@ -161,7 +164,7 @@ class MultiPhysicsSurrogate(nn.Module):
         features = (per_point + stats).sum(dim=-2)  # (b, t, *grid, e)
         patches = patchify(features.reshape(b * t, *spec.grid, -1), spec.patch_size)
         tokens = self.patch_in[geometry(spec)](patches).reshape(b, t, patches.shape[1], -1)
-        positions = _positions(spec.grid, spec.patch_size, tokens.shape[-1], x.device, tokens.dtype)
+        positions = getattr(self, f"positions_{name}").to(tokens.dtype)
         frames = self.frame[:t].flip(0)  # row 0 is the latest frame
         tokens = tokens + positions + frames[None, :, None] + self.dimension[len(spec.grid) - 1]
         return tokens, xn, mean, std
@@ -225,16 +228,12 @@ class MultiPhysicsSurrogate(nn.Module):
 
 
 def check_specs(specs: dict[str, TaskSpec], cfg: MultiphysicsConfig) -> list[str]:
-    """Problems that make a task unusable with this model, phrased as config fixes."""
-    problems = []
+    """Problems that make a task unusable with this model, phrased as config fixes: the transformer's (patches
+    that tile the grid), and dimensions and input frames it takes."""
+    problems = multitask.check_specs(specs)
     for name, s in specs.items():
         if not 1 <= len(s.grid) <= 3:
             problems.append(f"tasks.{name}: a {len(s.grid)}D grid; model.name=multiphysics takes 1D, 2D and 3D")
-        if any(n % s.patch_size for n in s.grid):
-            problems.append(
-                f"tasks.{name}.patch_size={s.patch_size} must divide the strided grid {s.grid} "
-                "(change patch_size or spatial_stride)"
-            )
         if s.autoregressive and s.initial_step > cfg.max_frames:
             problems.append(
                 f"tasks.{name}.initial_step={s.initial_step} is more than model.multiphysics.max_frames="
