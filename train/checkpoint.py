@@ -197,10 +197,23 @@ def save_best(folder: Path, state: dict[str, Any]) -> Path:
     return final
 
 
-def load_checkpoint(path: Path, data: bytes | None = None) -> dict[str, Any]:
+LAUNCH_ADVICE = (
+    "Re-run the same command: before the ranks start, the launcher moves an unusable checkpoint into "
+    "{corrupt}/ (it deletes none) and continues from the newest intact one"
+)
+"""What a launch's ranks say of an unusable checkpoint (``{corrupt}``: the folder it is moved into)."""
+USE_ADVICE = (
+    "Give another checkpoint of the run (--checkpoint latest, best or a step's name), or fetch an intact copy from "
+    "the run's remote (run.remote keeps the verified ones)"
+)
+"""What commands that use a trained run (Surrogate.load, predict, export, consolidate) say of one."""
+
+
+def load_checkpoint(path: Path, data: bytes | None = None, advice: str = LAUNCH_ADVICE) -> dict[str, Any]:
     """Load with ``weights_only=True`` (a checkpoint is data, never code to run) and check its payload against
     the checksum written with it. ``data``: the file's bytes, received from another rank (``path`` then only
-    names it). A sharded checkpoint (a folder) is consolidated: the whole state, as a file holds it."""
+    names it). A sharded checkpoint (a folder) is consolidated: the whole state, as a file holds it.
+    ``advice``: what the error tells the user to do (the launcher's by default)."""
     if shards.is_sharded_checkpoint(path):
         why = shards.damaged(path)
         if why is None:
@@ -208,23 +221,22 @@ def load_checkpoint(path: Path, data: bytes | None = None) -> dict[str, Any]:
                 return shards.consolidated(path)
             except Exception as e:  # any unreadable shard gets the same advice
                 why = f"{type(e).__name__}: {e}"
-        _refuse(path, why)
+        _refuse(path, why, advice)
     try:
         state = torch.load(io.BytesIO(data) if data is not None else path, map_location="cpu", weights_only=True)
         why = tampered(state) if isinstance(state, dict) else "not a dict of components"
     except Exception as e:  # any unreadable file gets the same advice
         why = f"{type(e).__name__}: {e}"
     if why is not None:
-        _refuse(path, why)
+        _refuse(path, why, advice)
     return state
 
 
-def _refuse(path: Path, why: str) -> None:
-    raise DataError(
-        f"checkpoint {path} cannot be used ({why}). Re-run the same command: before the ranks start, the "
-        f"launcher moves an unusable checkpoint into {path.parent / CORRUPT}/ (it deletes none) and continues "
-        "from the newest intact one"
-    ) from None
+def _refuse(path: Path, why: str, advice: str = LAUNCH_ADVICE) -> None:
+    if path.is_file() and path.suffix not in (".pt", ".pth", ".ckpt") and checkpoint_step(path.name) is None:
+        why = f"{why}; it is not a checkpoint (a .pt file training wrote, or a {shards.SUFFIX} folder)"
+    advice = advice.replace("{corrupt}", str(path.parent / CORRUPT))
+    raise DataError(f"checkpoint {path} cannot be used ({why}). {advice}") from None
 
 
 def small_components(path: Path) -> dict[str, Any]:
@@ -243,15 +255,30 @@ def checkpoint_sha1(path: Path) -> str:
     return sha1_of(shards.content_file(path))
 
 
+def misnamed(path: Path, state: dict[str, Any]) -> str | None:
+    """Why a step checkpoint's name disagrees with the progress it records (renamed, or another checkpoint saved
+    under a step's name: it would be taken for the newest and resumed as the step it holds), or None."""
+    step = checkpoint_step(path.name)
+    recorded = state.get(PROGRESS, {}).get("global_step") if isinstance(state.get(PROGRESS), dict) else None
+    if step is None or not isinstance(recorded, int) or recorded == step:
+        return None
+    return (
+        f"it records global step {recorded}, but its name says step {step}: it was renamed, or another checkpoint "
+        f"(a consolidated best.pt?) was saved under this name"
+    )
+
+
 def unreadable(path: Path) -> str | None:
-    """Why ``path`` cannot be used as a checkpoint, or None when it can: it must load, and its payload must
-    match the checksum written with it (memory-mapped: the tensors are read once, to hash them). A sharded
-    checkpoint's files must match its manifest."""
+    """Why ``path`` cannot be used as a checkpoint, or None when it can: it must load, its payload must match
+    the checksum written with it (memory-mapped: the tensors are read once, to hash them), and a step
+    checkpoint's name must be the step it records. A sharded checkpoint's files must match its manifest."""
     if shards.is_sharded_checkpoint(path):
-        return shards.damaged(path)
+        return shards.damaged(path) or misnamed(path, shards.components(path))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return tampered(state) if isinstance(state, dict) else "not a dict of components"
+        if not isinstance(state, dict):
+            return "not a dict of components"
+        return tampered(state) or misnamed(path, state)
     except Exception as e:  # every way a file can be unusable
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 

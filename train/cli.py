@@ -164,8 +164,11 @@ def _using_commands(sub) -> None:
 def _use(args: argparse.Namespace) -> None:
     if args.command == "consolidate":
         from train.checkpoint_shards import consolidate, is_sharded_checkpoint
+        from train.use.outputs import check_output
         from train.use.surrogate import resolve_checkpoint
 
+        if args.output:  # before anything is loaded (the default lies outside the checkpoint patterns)
+            check_output(Path(args.output), "--output", folder=False)
         path = resolve_checkpoint(args.run, args.checkpoint)
         if not is_sharded_checkpoint(path):
             raise ConfigError(f"{path} is already one file (a .pt checkpoint): there is nothing to consolidate")

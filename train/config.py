@@ -6,6 +6,7 @@ key path (and the nearest valid key), so a typo never silently trains the wrong 
 
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import json
@@ -828,9 +829,11 @@ def _override_of(path: str, overrides: dict[str, str]) -> str | None:
     return None
 
 
-def validate(tree: Any, origin: str, overrides: dict[str, str] | None = None) -> Config:
+def validate(tree: Any, origin: str, overrides: dict[str, str] | None = None, file_tree: Any = None) -> Config:
     """The typed config of ``tree``; ``overrides``: the --set overrides applied to it by key path, so that a
-    problem they caused is blamed on them rather than on the file."""
+    problem they caused is blamed on them rather than on the file; ``file_tree``: the file's own tree, before
+    them (a problem of several keys at once, which names no one key, is the overrides' when the file alone is
+    valid)."""
     if tree is None:
         tree = {}
     if not isinstance(tree, dict):
@@ -839,6 +842,14 @@ def validate(tree: Any, origin: str, overrides: dict[str, str] | None = None) ->
         return Config.model_validate(tree)
     except pydantic.ValidationError as e:
         found = [(line, _override_of(path, overrides or {})) for path, line in _describe(e.errors())]
+        if overrides and file_tree is not None and not all(override for _, override in found):
+            try:
+                Config.model_validate(file_tree)
+            except pydantic.ValidationError:
+                pass
+            else:  # the file alone is valid: the overrides together made it invalid
+                every = ", ".join(dict.fromkeys(overrides.values()))
+                found = [(line, override or every) for line, override in found]
         if all(override for _, override in found):  # the file is fine: name the overrides alone
             where = ", ".join(dict.fromkeys(override for _, override in found))
             problems = "\n".join(f"  - {line}" for line, _ in found)
@@ -865,7 +876,7 @@ def load_config(path: str | Path | None, overrides: list[str] = (), run_name: st
             tree.setdefault("run", {})
             if isinstance(tree["run"], dict):
                 tree["run"] = {**tree["run"], "name": path.stem}
-    set_by = {}
+    set_by, file_tree = {}, copy.deepcopy(tree)
     for override in overrides:
         apply_override(tree, override)
         set_by[override.partition("=")[0].strip()] = f"--set {override}"
@@ -874,7 +885,7 @@ def load_config(path: str | Path | None, overrides: list[str] = (), run_name: st
             raise ConfigError(f"{origin}: 'run' must be a section")
         tree["run"] = {**tree.get("run", {}), "name": run_name}
         set_by["run.name"] = f"--run {run_name}"
-    return validate(tree, origin, set_by)
+    return validate(tree, origin, set_by, file_tree)
 
 
 def to_yaml(config: Config) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from train.checkpoint import (
     archive_checkpoints,
+    checkpoint_for_evaluation,
     checkpoint_step,
     latest_checkpoint,
     list_checkpoints,
@@ -32,7 +33,7 @@ from train.model.builtin import MODELS, check_builtin
 from train.model.factory import resolve_factory
 from train.model.latent import build_latent_cache
 from train.model.specs import task_spec
-from train.obs.report import read_summary, report_is_current, summary_score
+from train.obs.report import diverged, diverged_error, figure, read_summary, report_is_current, summary_score
 from train.obs.tracking import check_tracking
 from train.remote.lease import RemoteLease
 from train.remote.restore import check_remote_config, restore_run
@@ -189,7 +190,8 @@ def _stages(
         error = remote_behind(remote, run, catch_up(cfg, run, remote, lease))
     if plan.stages:
         try:
-            with watched_launch(cfg, run, remote, node_local=node_local, lease=lease) as mirror:
+            start_over = cfg.train.resume == "never" and "fit" in plan.stages
+            with watched_launch(cfg, run, remote, node_local=node_local, lease=lease, start_over=start_over) as mirror:
                 sha1 = plan.resume.sha1 if plan.resume else None
                 launch(run, n, cfg, ["--stages", ",".join(plan.stages)], address=session.address, resume_sha1=sha1)
         except TrainError as e:
@@ -200,11 +202,18 @@ def _stages(
     if command in ("run", "evaluate") and session.leads:
         results = read_summary(run.root)
         for name, r in results.items():
-            log.info("%s: test nRMSE %.4g (baseline %.4g)", name, r["nrmse"], r["baseline_nrmse"])
+            log.info("%s: test nRMSE %s (baseline %s)", name, figure(r.get("nrmse")), figure(r.get("baseline_nrmse")))
         if len(results) > 1:
             score = summary_score(results)
-            log.info("over the %d tasks: mean test nRMSE %.4g, nRMSE / baseline %.4g (geometric mean)",
-                     score["tasks"], score["mean_nrmse"], score["nrmse_to_baseline"])  # fmt: skip
+            log.info(
+                "over the %d tasks: mean test nRMSE %s, nRMSE / baseline %s (geometric mean)",
+                score["tasks"],
+                figure(score["mean_nrmse"]),
+                figure(score["nrmse_to_baseline"]),
+            )
+        failed = diverged(results)
+        if failed:  # a report written earlier (this launch had nothing left to do) says so all the same
+            raise diverged_error(failed, str(checkpoint_for_evaluation(run.checkpoints)), run.report)
         log.info("run folder: %s", run.root)
     return run.root
 
@@ -243,7 +252,7 @@ def plan_launch(cfg: Config, command: str, run: RunDir) -> LaunchPlan:
         else:
             stages.append("fit")
     if command in ("run", "evaluate"):
-        if not stages and report_is_current(run.root, latest_checkpoint(run.checkpoints)):
+        if not stages and report_is_current(run.root, checkpoint_for_evaluation(run.checkpoints)):
             log.info("evaluate: report in %s is up to date", run.report)
         else:
             stages.append("evaluate")

@@ -19,8 +19,9 @@ import sys
 
 # DDP's constructor imports dynamo (and sympy), a second for every rank: here, with the collector paused.
 import torch._dynamo  # noqa: F401
+import torch.distributed as dist
 
-from train.checkpoint import MODEL, check_same_model, checkpoint_for_evaluation, load_model_state
+from train.checkpoint import MODEL, PROGRESS, check_same_model, checkpoint_for_evaluation, load_model_state
 from train.config import Config
 from train.distributed.env import DistEnv
 from train.distributed.error_file import record
@@ -30,7 +31,7 @@ from train.engine.loaders import initial_model
 from train.engine.trainer import Trainer
 from train.errors import DataError, Preempted
 from train.model.specs import TaskData
-from train.obs.report import write_report
+from train.obs.report import diverged, diverged_error, write_report
 from train.obs.sinks import MetricSinks
 from train.rank_start import Rank, run_rank
 from train.run_dir import RunDir
@@ -57,6 +58,12 @@ def evaluate(cfg: Config, env: DistEnv, tasks: list[TaskData], run: RunDir) -> N
         splits = {t.name: t.info.splits for t in tasks}
         write_report(run.root, results, path, splits, examples, provenance=run.load_data())
         log.info("report written to %s", run.report)
+    # Every rank holds the same reduced metrics, so every rank stops here alike.
+    failed = diverged(results)
+    if failed:
+        dist.barrier()  # rank 0's report first: a rank that raised at once would have it killed mid-write
+        step = saved.get(PROGRESS, {}).get("global_step", "?")
+        raise diverged_error(failed, f"{path} (global step {step})", run.report)
 
 
 def _stages(parser: argparse.ArgumentParser) -> None:

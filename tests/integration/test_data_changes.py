@@ -67,13 +67,20 @@ def test_a_run_refuses_to_continue_on_data_changed_since_its_checkpoints(tmp_pat
     assert "continuing on the new data (train.accept_changed_data)" in accepted.stderr
 
 
-def test_a_file_rewritten_while_training_reads_it_is_never_saved_as_trained_on(tmp_path):
-    """The loss went from 1.03 to 256.8 and the checkpoints went on; now the next checkpoint is refused."""
+@pytest.mark.parametrize("mtime", ["new", "restored"])
+def test_a_file_rewritten_while_training_reads_it_is_never_saved_as_trained_on(tmp_path, mtime):
+    """The loss went from 1.03 to 256.8 and the checkpoints went on; now the next checkpoint is refused. With its
+    size and mtime restored after the rewrite (loss 1.2 -> 1627, exit 0, the old checksum recorded), the file's
+    change time still tells."""
     assert run_cli("cache", *argv(tmp_path)).returncode == 0
     proc = launch_in_background("fit", *argv(tmp_path, "--set", "train.steps_per_epoch=400",
                                              "--set", "train.checkpoint_every=20"))  # fmt: skip
     wait_for(lambda: logged(tmp_path, 25), "step 25", 240, proc)
+    before = source(tmp_path).stat()
     rewrite(source(tmp_path))
+    if mtime == "restored":
+        os.utime(source(tmp_path), ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert source(tmp_path).stat().st_size == before.st_size
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 3, err[-3000:]
     assert f"data changed while this run trained on it: {source(tmp_path)} (was rewritten" in err

@@ -46,15 +46,52 @@ def test_every_operator_family_trains_evaluates_and_reports(tmp_path):
     assert darcy["test"]["file"].endswith("piececonst_r421_N1024_smooth2.mat")
     assert "rel. L2" in (run / "report" / "summary.md").read_text()
 
-    # predict writes each format back: the Darcy test file as a .mat, a PDEArena rollout as PDEArena's HDF5
-    mat = tmp_path / "data" / "fno_darcy" / "piececonst_r421_N1024_smooth2.mat"
-    arena = next((tmp_path / "data" / "pdearena_ns").glob("*test*.h5"))
-    for task, source, out in (("fno_darcy", mat, tmp_path / "pred.mat"), ("pdearena_ns", arena, tmp_path / "test.h5")):
+    # predict writes each format back (the Darcy test file as a .mat, a PDEArena rollout as PDEArena's HDF5, ...),
+    # every key of the input it does not predict copied as it was: they were dropped (Burgers' visc, NS's a and t,
+    # PDEArena's coordinates and spacings) and Darcy's bool input written as float32.
+    data = tmp_path / "data"
+    written = {
+        "fno_darcy": (data / "fno_darcy" / "piececonst_r421_N1024_smooth2.mat", tmp_path / "pred.mat"),
+        "fno_ns": (next((data / "fno_ns").glob("*.mat")), tmp_path / "ns.mat"),
+        "pdearena_ns": (next((data / "pdearena_ns").glob("*test*.h5")), tmp_path / "test.h5"),
+        "neuralop_darcy": (next((data / "neuralop_darcy").rglob("*test*.pt")), tmp_path / "darcy.pt"),
+        "neuralop_burgers": (next((data / "neuralop_burgers").rglob("*test*.pt")), tmp_path / "burgers.pt"),
+    }
+    for task, (source, out) in written.items():
         proc = run_cli("predict", "--run", str(run), "--task", task, "--input", str(source), "--output", str(out))
         assert proc.returncode == 0, proc.stderr[-2000:]
         scores = json.loads((tmp_path / f"{out.name}.scores.json").read_text())[task]
         assert scores["n_samples"] == _reader(task, source).n_samples == _reader(task, out).n_samples
         assert scores["rel_l2"] > 0
+        before, after = _keys(source), _keys(out)
+        assert set(before) == set(after), (task, set(before) ^ set(after))
+        for key, (dtype, shape) in before.items():
+            predicted = key in ("u", "vx", "vy", "y", "sol")
+            assert predicted or after[key][0] == dtype, (task, key, dtype, after[key])
+            if task != "fno_darcy" and not predicted:  # at stride 1 the copies are the input's own
+                assert after[key][1] == shape, (task, key, shape, after[key])
+    assert _keys(written["neuralop_darcy"][1])["x"][0] == "torch.bool"
+
+
+def _keys(path) -> dict[str, tuple[str, tuple]]:
+    """Each array of a data file (.mat, .pt, PDEArena's HDF5) as (dtype, shape)."""
+    import h5py
+    import scipy.io
+    import torch
+
+    from train.data.formats.fno_mat import mat_version
+
+    if path.suffix == ".pt":
+        return {k: (str(v.dtype), tuple(v.shape)) for k, v in torch.load(path, weights_only=True).items()}
+    if path.suffix == ".mat" and mat_version(path) == "5":
+        arrays = scipy.io.loadmat(path)
+        return {k: (str(v.dtype), v.shape) for k, v in arrays.items() if not k.startswith("__")}
+    if path.suffix == ".mat":  # v7.3: HDF5, the axes reversed, the class in an attribute
+        with h5py.File(path) as f:
+            return {k: (v.attrs["MATLAB_class"].decode(), v.shape[::-1]) for k, v in f.items()}
+    with h5py.File(path) as f:
+        (group,) = f.values()
+        return {k: (str(v.dtype), v.shape) for k, v in group.items()}
 
 
 def _reader(pde: str, path):

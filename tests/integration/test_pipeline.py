@@ -92,6 +92,17 @@ def test_rerun_is_a_no_op(trained):
     assert report.stat().st_mtime_ns == report_before
 
 
+def test_a_report_is_stale_once_the_checkpoint_it_scores_changed(tmp_path, farm):
+    """The report scores best.pt, but was called up to date by the newest step checkpoint's time: a best.pt
+    replaced after the report was never scored."""
+    farm.tiny(into=tmp_path)
+    checkpoints = tmp_path / "runs" / "tiny" / "checkpoints"
+    shutil.copyfile(checkpoints / "step_00000005.pt", checkpoints / "best.pt")
+    proc = run_cli("run", *TINY, *folders(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "report in" not in proc.stderr and "report written to" in proc.stderr
+
+
 def test_a_run_folder_belongs_to_one_config(trained):
     tmp = trained
     # DataLoader workers too: the datasets travel to them as paths and map the caches themselves.

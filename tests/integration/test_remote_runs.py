@@ -197,6 +197,30 @@ def test_a_remote_that_fell_behind_catches_up_by_push_and_by_any_relaunch(tmp_pa
     assert nowhere.returncode == 2 and "push needs run.remote" in nowhere.stderr
 
 
+def test_push_from_a_box_behind_the_remote_is_refused_and_changes_nothing(tmp_path, farm):
+    """Box A finished the run (its remote at step 10); box B, holding the run folder as it was at step 5, pushed
+    with the same config: exit 0, the remote's step 10 deleted, its pointer back at 5, metrics and logs replaced."""
+    remote = tmp_path / "shared"
+    box_a, box_b = tmp_path / "a", tmp_path / "b"
+    farm.tiny(into=box_a)
+    pushed = run_cli("push", "--config", "configs/tiny.yaml", "--set", f"run.remote={remote}", *folders(box_a))
+    assert pushed.returncode == 0, pushed.stderr[-3000:]
+    shutil.copytree(box_a, box_b)
+    run_b = box_b / "runs" / "tiny"
+    (run_b / "checkpoints" / checkpoint_name(10)).unlink()
+    metrics = (run_b / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run_b / "metrics.jsonl").write_text("".join(metrics[: len(metrics) // 2]))
+    before = {p: p.read_bytes() for p in remote.rglob("*") if p.is_file()}
+
+    behind = run_cli("push", "--config", "configs/tiny.yaml", "--set", f"run.remote={remote}", *folders(box_b))
+    assert behind.returncode == 4, behind.stderr[-3000:]
+    assert f"holds {checkpoint_name(10)} of this run, newer than {run_b}'s newest ({checkpoint_name(5)})" in (
+        behind.stderr
+    )
+    assert "Nothing was changed" in behind.stderr and "python -m train run" in behind.stderr
+    assert {p: p.read_bytes() for p in remote.rglob("*") if p.is_file()} == before
+
+
 def test_one_run_is_written_to_its_remote_by_one_launch_at_a_time(tmp_path):
     """push during a launch deleted the launch's staging folder and silently stopped its mirror; a second box's
     launch of the run pruned the first's checkpoints and moved the pointer back to its own older step."""

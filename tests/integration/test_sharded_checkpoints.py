@@ -88,6 +88,35 @@ def test_consolidate_writes_one_file_that_every_reader_loads_as_the_folder(tmp_p
     assert again.returncode == 2 and "is already one file" in again.stderr
 
 
+def test_consolidate_never_writes_into_a_runs_checkpoints_and_checks_before_it_loads(tmp_path, farm):
+    """--output was written anywhere: over another checkpoint's shard (exit 0), as step_N.pt (the run's newest
+    checkpoint then, so the next launch rewound), and naming the folder itself ended in a traceback (exit 1)."""
+    shutil.copytree(farm.reference_run("fsdp").parents[1], tmp_path, dirs_exist_ok=True)
+    checkpoints = tmp_path / "runs" / "reference" / "checkpoints"
+    source, other = checkpoints / "step_00000160.dcp", checkpoints / "step_00000150.dcp"
+    before = {p: p.read_bytes() for p in checkpoints.rglob("*") if p.is_file()}
+    for output in (other / "__0_0.distcp", checkpoints / "step_00000170.pt", other, tmp_path / "elsewhere.dcp"):
+        if output.name == "elsewhere.dcp":  # a sharded checkpoint outside any run folder is no output either
+            shutil.copytree(other, output)
+            output = output / "__0_0.distcp"
+        proc = run_cli("consolidate", "--run", str(source), "--output", str(output))
+        assert proc.returncode == 2, (output, proc.stderr[-3000:])
+        assert "Traceback" not in proc.stderr and "writing there would" in proc.stderr, proc.stderr[-3000:]
+    assert {p: p.read_bytes() for p in checkpoints.rglob("*") if p.is_file()} == before
+
+    (source / "components.pt").write_bytes(b"damaged")
+    damaged = run_cli("consolidate", "--run", str(source), "--output", str(tmp_path / "one.pt"))
+    assert damaged.returncode == 3, damaged.stderr[-3000:]
+    assert "Re-run the same command" not in damaged.stderr and "--checkpoint" in damaged.stderr
+
+
+def test_a_sharded_checkpoint_under_another_steps_name_is_unusable(tmp_path, farm):
+    """step_150.dcp renamed step_170.dcp was taken for the newest and resumed as step 150 without a word."""
+    renamed = tmp_path / "step_00000170.dcp"
+    shutil.copytree(farm.reference_run("fsdp") / "checkpoints" / "step_00000150.dcp", renamed)
+    assert "it records global step 150, but its name says step 170" in unreadable(renamed)
+
+
 def test_fine_tuning_starts_from_a_sharded_checkpoint(farm):
     """train.init_from names the folder: the launcher records it (the SHA-256 of its manifest), every rank loads
     its consolidated weights."""

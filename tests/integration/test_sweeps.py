@@ -112,5 +112,9 @@ def test_a_trial_the_machine_failed_stops_the_sweep_with_its_code_and_resumes_an
     by_number = {t.number: t for t in trials(root)}
     assert sorted(by_number) == [0, 1, 2] and by_number[2].params == failed.params
     assert by_number[2].state == TrialState.FAIL and "failed (exit 2, run again)" in (root / "summary.md").read_text()
+    # The counts were "trial-002 started (3 of 2)" and "3 of 2 trials".
+    assert f"trial-002 started (a retry of trial-{failed.number:03d}, 2 of 2)" in retried.stderr, retried.stderr[-3000:]
+    assert "2 of 2 trials" in (root / "summary.md").read_text() and " of 2)" in retried.stderr
+    assert "3 of 2" not in retried.stderr + (root / "summary.md").read_text()
     nothing = run_cli(*args, env=ONE_THREAD, timeout=900)  # the budget counts a retried trial once
     assert nothing.returncode == 0 and "started (" not in nothing.stderr, nothing.stderr[-3000:]

@@ -11,6 +11,7 @@ import torch
 
 from tests.helpers import folders, run_cli
 from train.checkpoint import BEST, MODEL, latest_checkpoint, list_checkpoints, load_checkpoint
+from train.obs.sinks import read_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -79,6 +80,20 @@ def test_weighted_sampling_with_accumulation_trains_and_logs_every_task(tmp_path
     assert all(r["loss/darcy2d"] is not None for r in train_records)
 
 
+def test_a_checkpoint_whose_name_is_not_the_step_it_records_is_set_aside(tmp_path, farm):
+    """step_5 renamed step_12 (or a consolidated best saved under a step's name) became the newest checkpoint and
+    resumed as "global step 5" without a word."""
+    farm.tiny(into=tmp_path)
+    checkpoints = tmp_path / "runs" / "tiny" / "checkpoints"
+    (checkpoints / "step_00000005.pt").rename(checkpoints / "step_00000012.pt")
+    again = run_cli("fit", *TINY, *folders(tmp_path))
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "it records global step 5, but its name says step 12" in again.stderr
+    assert "already holds 2 trained epochs" in again.stderr and "launching" not in again.stderr  # step 10's
+    assert load_checkpoint(latest_checkpoint(checkpoints))["progress"]["global_step"] == 10
+    assert [p.name[:16] for p in (checkpoints / "corrupt").iterdir()] == ["step_00000012.pt"]
+
+
 def test_an_unreadable_checkpoint_is_set_aside_and_the_run_goes_on_from_the_newest_readable_one(tmp_path, farm):
     farm.tiny(into=tmp_path)  # a trained tiny run: checkpoints at steps 5 and 10, and best.pt
     checkpoints = tmp_path / "runs" / "tiny" / "checkpoints"
@@ -105,3 +120,22 @@ def test_an_unreadable_checkpoint_is_set_aside_and_the_run_goes_on_from_the_newe
     assert "delete" not in scored.stderr
     assert len(list((checkpoints / "corrupt").glob("best.pt.*"))) == 1
     assert "Checkpoint: `step_00000010.pt`" in (tmp_path / "runs" / "tiny" / "report" / "summary.md").read_text()
+
+
+def test_a_run_whose_model_ends_non_finite_exits_2_and_its_skipped_steps_are_logged_as_skipped(tmp_path):
+    """lr 1e37 with train.on_nonfinite=skip: every step after the first skipped within max_skipped_steps, the test
+    metrics NaN; it exited 0, logged each skipped window as "loss": 0 and failed inside its closing log lines."""
+    argv = [*TINY, *folders(tmp_path), "--set", "train.lr=1e37", "--set", "train.on_nonfinite=skip",
+            "--set", "train.max_skipped_steps=1000", "--set", "train.log_every=1"]  # fmt: skip
+    for attempt in ("trains", "finds it trained"):
+        proc = run_cli("run", *argv)
+        assert proc.returncode == 2, (attempt, proc.stderr[-4000:])
+        assert "training diverged: the test metrics of" in proc.stderr and "are not finite" in proc.stderr
+        assert "Logging error" not in proc.stderr and "Traceback" not in proc.stderr
+    assert "test nRMSE n/a" in proc.stderr
+    records = [r for r in read_metrics(tmp_path / "runs" / "tiny" / "metrics.jsonl") if "samples_per_s" in r]
+    skipped = [r for r in records if r.get("skipped_steps")]
+    assert len(skipped) >= 8 and all(r["loss"] != 0 for r in records)
+    assert all(r["loss"] is None and r["loss/darcy2d"] is None for r in skipped[1:]), skipped
+    summary = json.loads((tmp_path / "runs" / "tiny" / "report" / "summary.json").read_text())
+    assert summary["darcy2d"]["nrmse"] is None and summary["darcy2d"]["baseline_nrmse"] > 0

@@ -189,8 +189,9 @@ def test_checkpoint_with_arbitrary_objects_is_refused(tmp_path):
 def test_a_checkpoint_whose_payload_changed_after_its_save_is_refused_and_set_aside(tmp_path, repo, caplog):
     """A flipped bit in a tensor leaves a file torch loads without a word (an Adam moment off by 1435.6 went
     unnoticed that way); the checksum written at save time is checked at every load."""
-    older = save_checkpoint(tmp_path, 10, trainer_like_state(repo), keep=3)
-    newest = save_checkpoint(tmp_path, 20, trainer_like_state(repo), keep=3)
+    at = lambda step: {**trainer_like_state(repo), "progress": {"epoch": 3, "global_step": step}}  # noqa: E731
+    older = save_checkpoint(tmp_path, 10, at(10), keep=3)
+    newest = save_checkpoint(tmp_path, 20, at(20), keep=3)
     state = torch.load(newest, weights_only=True)
     moment = next(iter(state["optimizer"]["state"].values()))["exp_avg"]
     moment.view(torch.int32).view(-1)[0] ^= 1 << 30
@@ -469,3 +470,25 @@ def test_a_packed_sharded_checkpoint_is_the_same_bytes_for_the_same_files_and_un
     with pytest.raises(DataError, match=r"'../manifest.json' is no file of a sharded checkpoint"):
         unpack(tmp_path / "escape.tar", tmp_path / "fetched" / "step_00000006.dcp")
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_a_sharded_checkpoints_size_estimate_covers_what_dcp_writes(tmp_path):
+    """A full disk during a sharded save said "needs 188.3 KiB" of a folder that took about 580: DCP writes each
+    shard as a torch.save of its own, which costs more than the bytes of a small model's many small tensors."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    from tests.helpers import free_port
+    from train.checkpoint_shards import folder_bytes, save_shards
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model = torch.nn.Sequential(*(torch.nn.Linear(16, 16) for _ in range(12)))  # many small tensors, as the FNO's
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 16)).sum().backward()
+    optimizer.step()
+    final = tmp_path / "step_00000001.dcp"
+    save_shards(final, model, optimizer, {"progress": {"global_step": 1}}, 0)
+    written = sum(p.stat().st_size for p in final.iterdir())
+    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    assert written <= folder_bytes(state, 1) <= 3 * written, (written, folder_bytes(state, 1))

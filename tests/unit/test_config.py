@@ -250,6 +250,17 @@ def test_an_error_in_an_override_names_the_override_not_the_file(minimal):
     assert "'model.transformer.dropout'" in str(e.value) and "high') (set by" not in str(e.value)
 
 
+def test_a_problem_of_several_keys_that_an_override_caused_names_the_override(minimal):
+    """A check across sections (a held-out dataset that is also a task) names no one key: it was blamed on the
+    file ("configs/x.yaml: invalid config") though the file alone was valid."""
+    with pytest.raises(ConfigError) as e:
+        load_config(minimal, ["train.log_every=3", "train.held_out=[adv]"])
+    assert str(e.value).startswith(
+        f"--set train.log_every=3, --set train.held_out=[adv]: invalid override of {minimal}:"
+    )
+    assert "tasks.adv is named in train.held_out" in str(e.value)
+
+
 def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path):
     path = _write(tmp_path / "c.yaml", MINIMAL + "train:\n  epochs: 2\nmodel:\n  name: fno\ntrain:\n  lr: 0.001\n")
     with pytest.raises(ConfigError) as e:

@@ -113,3 +113,24 @@ def test_live_mode_routes_console_logs_through_tqdm_and_restores_them(capsys):
         assert "live" in capsys.readouterr().err
     finally:
         root.removeHandler(handler)
+
+
+def test_a_window_names_a_task_not_drawn_and_leaves_skipped_steps_out_of_its_loss():
+    """A skipped step's loss was summed into the window (its NaN shown as a loss of 0 in the total) and a task no
+    rank drew printed as nan, the text of a diverged loss."""
+    import torch
+
+    from train.engine.loss import NOT_DRAWN, SKIPPED, LossWindow
+
+    window = LossWindow(3, torch.device("cpu"))
+    no, yes = torch.tensor(False), torch.tensor(True)
+    window.add(torch.tensor([2.0, 0.0, 4.0]), torch.tensor([1.0, 0.0, 1.0]), 8, no)
+    window.add(torch.tensor([float("nan"), 0.0, 7.0]), torch.tensor([1.0, 0.0, 1.0]), 8, yes)
+    mean, record = window.take()
+    assert mean == [2.0, NOT_DRAWN, 4.0] and record["skipped_steps"] == 1
+    window.add(torch.tensor([float("nan"), 0.0, 1.0]), torch.tensor([1.0, 0.0, 1.0]), 8, yes)
+    mean, record = window.take()
+    assert mean == [SKIPPED, NOT_DRAWN, SKIPPED] and record["skipped_steps"] == 1
+    window.add(torch.tensor([1.0, 3.0, 1.0]), torch.tensor([1.0, 1.0, 1.0]), 8, no)
+    mean, record = window.take()
+    assert mean == [1.0, 3.0, 1.0] and "skipped_steps" not in record

@@ -390,3 +390,18 @@ def test_the_model_state_per_rank_shrinks_with_sharding_and_a_model_too_large_fo
     assert sharded == whole // 8 and whole > 4 << 30
     assert model_state_per_rank(config(*big, "dist.parallel=hsdp"), 8, 4)[0] == whole // 4  # a node's 4 ranks
     assert check_model_state(config("model.name=x.py:build"), 2, facts()) is None
+
+
+def test_the_doctor_warns_when_the_machines_load_leaves_fewer_free_cores_than_the_threads_asked():
+    """On 2 cores at a load of 4-5, one rank with 2 threads ran at ~5 steps/s and with 1 thread at ~33."""
+    from dataclasses import replace
+
+    from train.launch.doctor import check_threads
+
+    busy = replace(facts(), cores=2, load=4.5)
+    check = check_threads(1, busy)
+    assert check.status == "warn" and "1 rank(s) x 2 thread(s)" in check.detail and "OMP_NUM_THREADS=1" in check.fix
+    assert check_threads(1, replace(busy, environ={"OMP_NUM_THREADS": "1"})).status == "pass"
+    assert check_threads(2, busy).status == "pass"  # 1 thread each: nothing to lower but NPROC
+    assert check_threads(1, replace(busy, load=0.1)).status == "pass"
+    assert check_threads(1, facts()) is None  # cores and load unknown

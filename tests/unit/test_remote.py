@@ -444,6 +444,55 @@ def test_a_second_launch_of_a_run_finds_its_remote_leased_and_stops_while_the_fi
         assert lease_file(remote)["launch"] == second.launch
 
 
+def test_a_live_holder_is_never_taken_over_and_its_own_lease_period_is_waited(tmp_path, caplog):
+    """A launch with run.remote_lease_s=1 watched 1 s, not the holder's recorded 60, and ignored that the holder
+    was a live process of this very host: both trained the run on one remote."""
+    import socket
+    import subprocess
+    import sys
+
+    from train.errors import PreflightError
+    from train.remote.lease import LEASE, RemoteLease
+
+    remote = open_remote(str(tmp_path / "remote"), "run")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stat = Path(f"/proc/{holder.pid}/stat").read_text()
+        live = {"launch": "held", "host": socket.gethostname(), "pid": holder.pid, "started": "now",
+                "command": "python -m train run", "beat": 3, "lease_s": 60.0,
+                "pid_start": int(stat[stat.rindex(")") + 2 :].split()[19])}  # fmt: skip
+        remote.path(LEASE).write_text(json.dumps(live))
+        started = time.monotonic()
+        with pytest.raises(PreflightError, match=r"in use by another launch of this run: launch held .* a live "):
+            RemoteLease(remote, lease_s=1.0).acquire()
+        assert time.monotonic() - started < 1.0 and lease_file(remote) == live
+    finally:
+        holder.kill()
+        holder.wait()
+    # Its pid reused by another process (another start time): the launch that wrote the lease is gone.
+    remote.path(LEASE).write_text(json.dumps(dict(live, pid=os.getpid())))
+    with RemoteLease(remote, lease_s=1.0) as lease:
+        assert lease_file(remote)["launch"] == lease.launch
+    # Another host's lease is watched for its own period when that is the longer one.
+    remote.path(LEASE).write_text(json.dumps(dict(live, host="box-b", lease_s=2.5)))
+    caplog.set_level(logging.INFO)
+    started = time.monotonic()
+    with RemoteLease(remote, lease_s=1.0) as lease:
+        assert time.monotonic() - started >= 2.5 and lease_file(remote)["launch"] == lease.launch
+    assert "was not renewed for 2 s (run.remote_lease_s): that launch is gone" in caplog.text
+
+
+def test_an_unreadable_lease_is_said_to_be_one(tmp_path, caplog):
+    from train.remote.lease import LEASE, RemoteLease
+
+    remote = open_remote(str(tmp_path / "remote"), "run")
+    remote.path(LEASE).write_text("")
+    caplog.set_level(logging.INFO)
+    with RemoteLease(remote, lease_s=0.5):
+        pass
+    assert "an unreadable lease file (empty)" in caplog.text and "launch None" not in caplog.text
+
+
 @pytest.mark.parametrize("host", ["this", "another"])
 def test_a_lease_left_by_a_launch_that_died_is_taken_over(tmp_path, host, caplog):
     """A dead process of this host: at once. Another host's silent lease: once it stayed still for
@@ -458,7 +507,7 @@ def test_a_lease_left_by_a_launch_that_died_is_taken_over(tmp_path, host, caplog
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     remote = open_remote(str(tmp_path / "remote"), "run")
     stale = {"launch": "gone", "host": socket.gethostname() if host == "this" else "box-b", "pid": int(dead.stdout),
-             "started": "yesterday", "command": "python -m train run", "beat": 7, "lease_s": 60.0}  # fmt: skip
+             "started": "yesterday", "command": "python -m train run", "beat": 7, "lease_s": 1.0}  # fmt: skip
     remote.path(LEASE).write_text(json.dumps(stale))
     caplog.set_level(logging.INFO)
     started = time.monotonic()
@@ -492,6 +541,36 @@ def test_a_launch_whose_lease_was_taken_over_writes_no_pointer_and_deletes_nothi
     assert lease_file(remote)["launch"] == "other", "a lost lease is not released: it is another launch's"
 
 
+def test_a_folder_behind_its_remote_never_moves_the_pointer_back_nor_prunes_the_newer(remote, tmp_path, caplog):
+    """Box B holds the run as it was at step 10 while the remote went on to step 20 from box A: its mirror pointed
+    the remote back at 10, deleted step 20 and replaced the metrics. Nothing of a folder behind the remote is
+    written there; a launch that starts the run over (train.resume=never) leaves the earlier checkpoints alone."""
+    import shutil
+
+    run, data = mirrored(tmp_path, remote)  # box A: the remote at step 20
+    box_b = RunDir(tmp_path / "box-b" / "run")
+    shutil.copytree(run.root, box_b.root)
+    (box_b.checkpoints / checkpoint_name(20)).unlink()
+    (box_b.root / "metrics.jsonl").write_text('{"step": 10, "loss": 2.0}\n')
+    everything = lambda: {n: fetched(remote, n, tmp_path) for n in [*remote.names(""), *remote.names("checkpoints")]}  # noqa: E731
+    before = everything()
+
+    mirror = RunMirror(remote, box_b, keep=2, poll_s=0.01).start()
+    checkpoint(box_b, 15)  # box B trains on from its own step 10: still behind
+    assert not mirror.finish(30)
+    assert everything() == before
+    assert f"holds {checkpoint_name(20)} of this run, newer than {box_b.root}'s newest" in caplog.text
+    assert (
+        f"was left as it was: it holds {checkpoint_name(20)}, newer than this folder's newest ({checkpoint_name(15)})"
+        in (caplog.text)
+    )
+
+    fresh = RunMirror(remote, box_b, keep=2, poll_s=0.01, start_over=True).start()
+    assert fresh.finish(30)
+    assert pointed(remote) == [checkpoint_name(15)]
+    assert fetched(remote, f"checkpoints/{checkpoint_name(20)}", tmp_path) == data[20], "left where it was"
+
+
 def flip_a_weight_bit(path: Path) -> None:
     """One bit of the newest weights flipped where the file stays a loadable checkpoint (bit rot)."""
     state = torch.load(path, weights_only=True)
@@ -515,6 +594,7 @@ def test_a_rebuilt_pointer_vouches_for_no_corrupt_bytes_and_is_written_back(tmp_
     assert (run.checkpoints / checkpoint_name(10)).read_bytes() == data[10]
     assert not (run.checkpoints / checkpoint_name(20)).exists()
     assert "its payload hashes to" in caplog.text
+    assert caplog.text.count("latest.json cannot be read") == 1, "said once, not at every read of the pointer"
 
     # The launch's mirror checks what the rebuilt pointer lists and writes back a pointer of the intact ones.
     mirror = RunMirror(remote, run, keep=2, identity=run_identity(cfg), poll_s=0.01).start()
@@ -524,8 +604,12 @@ def test_a_rebuilt_pointer_vouches_for_no_corrupt_bytes_and_is_written_back(tmp_
     assert not any("unverified" in e for e in pointer["kept"])
     assert remote.stat(f"checkpoints/{checkpoint_name(20)}") is not None, "left for inspection, not pruned"
     assert (
-        check_remote(cfg).status == "pass" and "newest verified checkpoint step_00000010.pt" in check_remote(cfg).detail
+        check_remote(cfg).status == "pass" and "newest checkpoint step_00000010.pt verified" in check_remote(cfg).detail
     )
+    # A corrupt file behind an intact pointer was called "the newest verified checkpoint" too.
+    flip_a_weight_bit(remote.path(f"checkpoints/{checkpoint_name(10)}"))
+    check = check_remote(cfg)
+    assert check.status == "warn" and re.search(r"step_00000010\.pt has SHA1 \w+, not the \w+ verified", check.detail)
 
 
 def test_unusable_local_checkpoints_are_replaced_from_the_remote_not_a_reason_to_stop(remote, tmp_path, caplog):

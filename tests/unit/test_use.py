@@ -369,6 +369,23 @@ def test_predict_and_export_check_their_output_first_and_never_write_into_a_runs
         predict_file(run, source, tmp_path / "out.h5", batch_size=0)
     assert {p: p.read_bytes() for p in (best, step)} == before
     assert predict_file(run, source, run / "predictions.h5") is not None  # beside them is fine
+    (tmp_path / "x.pt").mkdir()  # a folder with the format's suffix was told "e.g. x.pt/predictions.h5": it is one
+    assert export_run(run, "torchscript", tmp_path / "x.pt") == [tmp_path / "x.pt" / "adv.pt"]
+
+
+def test_an_empty_batch_predicts_an_empty_batch_of_the_outputs_shape_and_a_yaml_is_no_checkpoint(tmp_path):
+    """predict(task, x[:0]) returned shape (0,); Surrogate.load of a YAML file said to re-run the launch."""
+    from train.use.surrogate import Surrogate
+
+    path, _, _ = _checkpoint(tmp_path, "fno", {"adv": ADV})
+    s = Surrogate.load(path)
+    x = np.zeros((0, 3, 32, 1), np.float32)
+    assert s.predict("adv", x).shape == (0, 32, 1) and s.rollout("adv", torch.from_numpy(x), 3).shape == (0, 3, 32, 1)
+    config = tmp_path / "tiny.yaml"
+    config.write_text("tasks: {}\n")
+    with pytest.raises(DataError, match=r"it is not a checkpoint \(a \.pt file training wrote") as e:
+        Surrogate.load(config)
+    assert "Re-run the same command" not in str(e.value) and "--checkpoint" in str(e.value)
 
 
 def test_export_refuses_a_model_whose_source_changed_since_training_unless_told(tmp_path, monkeypatch):

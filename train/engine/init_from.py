@@ -51,7 +51,7 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
     """Every rank: the source's weights into ``model`` (its fresh initialisation stays where a task is new).
     Returns what was done: parameters loaded, tasks started fresh, tasks dropped."""
     path, where = Path(record["checkpoint"]), f"train.init_from={record['source']}"
-    saved = load_checkpoint(path)
+    saved = load_checkpoint(path, advice=f"{where} names it: point it at an intact checkpoint (best, or a step's)")
     theirs = saved.get(CONFIG, {}).get("model", {}).get("name")
     if theirs != cfg.model.name:
         raise ConfigError(

@@ -59,7 +59,7 @@ from train.engine.loaders import (
     steps_per_epoch,
     training_loaders,
 )
-from train.engine.loss import LossWindow, task_loss
+from train.engine.loss import SKIPPED, LossWindow, task_loss
 from train.engine.nonfinite import NonFiniteSteps, skip_on_device
 from train.engine.objective import Unroll, draw_steps, unrolled_targets
 from train.engine.optim import build_optimizer
@@ -386,8 +386,9 @@ class Trainer:
             if s.early_stopped or last_of_epoch:
                 return
 
-    def train_step(self, streams: EpochStreams) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """One optimizer step over ``accumulate_steps`` micro-batches; returns (loss sums, counts, samples)."""
+    def train_step(self, streams: EpochStreams) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+        """One optimizer step over ``accumulate_steps`` micro-batches; returns (loss sums, counts, samples,
+        skipped: a device bool, true when the update was skipped for non-finite gradients)."""
         cfg, env, s = self.cfg, self.env, self.state
         sums = torch.zeros(len(self.names), device=env.device)
         counts = torch.zeros(len(self.names), device=env.device)
@@ -407,8 +408,8 @@ class Trainer:
                 sums[self.names.index(name)] += loss.detach()
                 counts[self.names.index(name)] += 1
             samples += sum(len(b["x"]) for b in batches.values())
-        self._optimizer_step(sums)
-        return sums, counts, samples
+        skipped = self._optimizer_step(sums)
+        return sums, counts, samples, skipped
 
     def _forward_backward(self, batches: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         device = self.env.device
@@ -456,7 +457,8 @@ class Trainer:
             "forward use every parameter at every step"
         )
 
-    def _optimizer_step(self, sums: torch.Tensor) -> None:
+    def _optimizer_step(self, sums: torch.Tensor) -> torch.Tensor:
+        """Clip, then update unless the gradients are non-finite; returns that flag (a device bool)."""
         cfg = self.cfg.train
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
@@ -478,6 +480,7 @@ class Trainer:
         self.nonfinite.record(self.state.global_step + 1, bad, sums)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return bad
 
     def _settle(self) -> None:
         """Judge the steps since the last boundary (may raise: training diverged)."""
@@ -528,11 +531,16 @@ class Trainer:
         self._settle()
         mean, throughput = window.take()
         s = self.state
+        # A task without a loss in the window (not drawn, or only skipped steps) is null, never 0 or NaN.
+        losses = {
+            n: v if isinstance(v, float) and math.isfinite(v) else None for n, v in zip(self.names, mean, strict=True)
+        }
+        trained = [self.weights[n] * v for n, v in losses.items() if v is not None]
         record = {
             "step": s.global_step,
             "epoch": self._epoch_float(),
-            "loss": sum(self.weights[n] * v for n, v in zip(self.names, mean, strict=True) if math.isfinite(v)),
-            **{f"loss/{n}": v for n, v in zip(self.names, mean, strict=True)},
+            "loss": sum(trained) if trained else None,
+            **{f"loss/{n}": v for n, v in losses.items()},
             "lr": self.scheduler.get_last_lr()[0],
             **throughput,
             "data_wait": self.data_wait.take(),
@@ -550,13 +558,20 @@ class Trainer:
         self.timings.clear()
         self.first_step_logged = True
         sinks.write(record)
-        bar.update(0, loss=record["loss"])
+        said = lambda v, digits: f"{v:.{digits}g}" if isinstance(v, float) else str(v)  # noqa: E731
+        loss = said(record["loss"], 4) if record["loss"] is not None else SKIPPED
+        bar.update(0, loss=loss)
+        skipped = record.get("skipped_steps")
         log.info(
-            "epoch %.2f step %d loss %.4g (%s) %.0f samples/s, data wait %.0f%%",
-            record["epoch"], s.global_step, record["loss"],
-            ", ".join(f"{n} {v:.3g}" for n, v in zip(self.names, mean, strict=True)),
-            record["samples_per_s"], 100 * record["data_wait"],
-        )  # fmt: skip
+            "epoch %.2f step %d loss %s (%s) %.0f samples/s, data wait %.0f%%%s",
+            record["epoch"],
+            s.global_step,
+            loss,
+            ", ".join(f"{n} {said(v, 3)}" for n, v in zip(self.names, mean, strict=True)),
+            record["samples_per_s"],
+            100 * record["data_wait"],
+            f", {skipped} step(s) skipped" if skipped else "",
+        )
 
     def _stop_for_signal(self, stop: StopRequest) -> None:
         """Every rank is here at the same step: rank 0 checkpoints, marks the run as preempted, all exit 75."""

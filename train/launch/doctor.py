@@ -32,7 +32,7 @@ from train.launch.capacity import (
     needs_by_filesystem,
     shm_need,
 )
-from train.launch.topology import Topology, nproc_for, topology_from_environ
+from train.launch.topology import Topology, nproc_for, threads_per_rank, topology_from_environ
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,10 @@ class Facts:
     nccl_available: bool = False
     gpu_memory: int = 0
     """Bytes of memory of the first GPU; 0 without one."""
+    cores: int = 0
+    """The cores this process may run on (its CPU affinity: a SLURM cpuset, a container's share); 0 unknown."""
+    load: float | None = None
+    """The machine's 1-minute load average (runnable processes); None unknown."""
 
 
 def detect_container(environ: Mapping[str, str]) -> str | None:
@@ -107,7 +111,32 @@ def gather_facts() -> Facts:
         container=detect_container(os.environ),
         nccl_available=nccl,
         gpu_memory=torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0,
+        cores=len(os.sched_getaffinity(0)),
+        load=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     )
+
+
+def check_threads(n: int, facts: Facts) -> Check | None:
+    """Ranks x threads against the cores the machine's load leaves free: threads that wait for each other's
+    turn on a busy machine make every step several times slower (seen: 2 threads at ~5 steps/s, 1 at ~33)."""
+    if not facts.cores or facts.load is None:
+        return None
+    threads = threads_per_rank(facts.environ, facts.cores, n)
+    free = max(0.0, facts.cores - facts.load)
+    source = "OMP_NUM_THREADS" if "OMP_NUM_THREADS" in facts.environ else "OMP_NUM_THREADS, set by the launcher"
+    detail = (
+        f"{n} rank(s) x {threads} thread(s) ({source}) on {facts.cores} core(s) with a load of {facts.load:.1f} "
+        f"({free:.1f} free)"
+    )
+    if threads > 1 and n * threads > free + 0.5:
+        return Check(
+            "cpu threads",
+            WARN,
+            detail + ": the other processes leave fewer free cores than the threads asked for",
+            "set OMP_NUM_THREADS=1 (or lower NPROC) while the machine is busy; threads that wait for a core slow "
+            "every step (docs/launching.md, CPU threads)",
+        )
+    return Check("cpu threads", PASS, detail)
 
 
 def requested_nproc(cfg: Config, nproc: str | int | None, facts: Facts) -> tuple[int | None, str]:
@@ -488,7 +517,24 @@ def check_remote(cfg: Config, b2_api=None) -> Check | None:
             "the next launch checks each listed checkpoint against the checksum written into it, resumes from the "
             "newest intact one and writes the pointer back",
         )
-    return Check("remote", PASS, f"{remote.url}: reachable, newest verified checkpoint {pointer['checkpoint']}")
+    name = pointer["checkpoint"]
+    listed = next((e for e in pointer.get("kept", []) if e.get("name") == name), {})
+    try:  # B2 keeps each file's SHA1; a folder's is read from its bytes
+        there = remote.stat(f"checkpoints/{name}")
+    except TrainError as e:
+        return Check("remote", WARN, f"{remote.url}: reachable, newest checkpoint {name} listed (not checked: {e})")
+    if there is None or (there.sha1 and listed.get("sha1") and there.sha1 != listed["sha1"]):
+        what = (
+            "is missing" if there is None else f"has SHA1 {there.sha1}, not the {listed['sha1']} verified after upload"
+        )
+        return Check(
+            "remote",
+            WARN,
+            f"{remote.url}: reachable, but its newest listed checkpoint {name} {what}",
+            "a launch that needs it (a new machine) skips it and resumes from the newest intact one the pointer lists",
+        )
+    state = "verified (its SHA1 matches the upload's)" if there.sha1 and listed.get("sha1") else "listed"
+    return Check("remote", PASS, f"{remote.url}: reachable, newest checkpoint {name} {state}")
 
 
 def run_checks(
@@ -504,6 +550,7 @@ def run_checks(
     checks = [check_versions(cfg, facts), check_container(facts), check_gpus(cfg, nproc, facts)]
     checks += [c for c in [check_slurm(cfg, nproc, facts)] if c is not None]
     checks += [rendezvous, check_shm(cfg, n or 1, caches, facts), check_folders(cfg), check_disk(cfg, caches)]
+    checks += [c for c in [check_threads(n or 1, facts)] if c is not None]
     checks.append(check_device_data(cfg, caches, facts))
     checks += [c for c in [check_model_state(cfg, n or 1, facts)] if c is not None]
     checks += [check_data(cfg, facts)] if data else []

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 
+from train.checkpoint import latest_checkpoint
 from train.config import Config, run_identity
 from train.errors import ConfigError, PreflightError
 from train.launch.run_lock import RunLock
 from train.remote.lease import RemoteLease
 from train.remote.mirror import RunMirror
+from train.remote.pointer import read_pointer, remote_ahead
 from train.remote.restore import check_remote_config
 from train.remote.store import Remote, open_remote
 from train.run_dir import RunDir
@@ -34,6 +36,16 @@ def push_run(cfg: Config, b2_api=None) -> None:
         raise ConfigError(f"{run.root} holds no run (no config.yaml): check --run and run.runs_dir")
     remote = open_remote(cfg.run.remote, run.root.name, b2_api, run.root)
     check_remote_config(cfg, remote)
+    newest = latest_checkpoint(run.checkpoints)
+    ahead = remote_ahead(read_pointer(remote), run_identity(cfg), newest)
+    if ahead is not None:  # another box went on with the run: pushing this folder would rewind the remote
+        raise PreflightError(
+            f"push: {remote.url} holds {ahead['name']} of this run, newer than {run.root}'s newest "
+            f"({newest.name if newest is not None else 'no checkpoint'}); pushing would move the remote back and "
+            "delete its newer checkpoints. Nothing was changed. To go on from the remote's step, run the same config "
+            "with `python -m train run` (make train), which fetches it; to keep this folder's work apart, push it "
+            "under another run name (--run) or to another run.remote"
+        )
     # A launch of the run mirrors it itself: push waits for no one (exit 4 while the run is in use, here or on
     # another box holding the remote's lease).
     with RunLock(run), RemoteLease(remote, cfg.run.remote_lease_s) as lease:

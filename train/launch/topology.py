@@ -105,3 +105,12 @@ def topology_from_environ(environ: Mapping[str, str], run_name: str) -> Topology
         raise ConfigError(f"RDZV_ENDPOINT={endpoint!r} must be host:port, e.g. node01:29400")
     run_id = environ.get("RDZV_ID") or (environ["SLURM_JOB_ID"] if slurm else run_name)
     return Topology(nnodes, node_rank, endpoint, run_id, source)
+
+
+def threads_per_rank(environ: Mapping[str, str], cores: int, nproc: int) -> int:
+    """The compute threads each rank runs: OMP_NUM_THREADS when set, else the launcher's share of the cores this
+    process may use (cores // ranks, at least 1). The one rule the launcher applies (train.launch.torchrun)."""
+    given = environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) >= 1:
+        return int(given)
+    return max(1, cores // max(1, nproc))

@@ -28,7 +28,7 @@ from train.errors import (
 )
 from train.heap import freeze_imported
 from train.launch.address import network_environ
-from train.launch.topology import Topology, nproc_for, topology_from_environ
+from train.launch.topology import Topology, nproc_for, threads_per_rank, topology_from_environ
 from train.obs.log import debug_enabled, redacted_environ
 from train.run_dir import RunDir
 
@@ -280,7 +280,8 @@ def launch(
     debug = debug_enabled()
     # Ranks sharing a CPU must not each start one thread per core: that oversubscribes and crawls. The cores are
     # those this process may run on (a SLURM cpuset, a sweep's share of the machine), not all the machine's.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // nproc)))
+    cores = len(os.sched_getaffinity(0))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(os.environ, cores, nproc)))
     # Lines a rank prints (native crashes, NCCL) are prefixed with its global rank on the console.
     if topology.multi_node:
         # torchrun's ${rank} is its own numbering, not the ranks' (below): name the node and the local rank

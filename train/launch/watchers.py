@@ -26,18 +26,25 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def watched_launch(
-    cfg: Config, run: RunDir, remote: Remote | None, *, node_local: bool = False, lease: RemoteLease | None = None
+    cfg: Config,
+    run: RunDir,
+    remote: Remote | None,
+    *,
+    node_local: bool = False,
+    lease: RemoteLease | None = None,
+    start_over: bool = False,
 ) -> Iterator[RunMirror | None]:
     """Mirror ``run`` to ``remote`` and track it in W&B (each when configured) while the block runs the ranks;
     yields the mirror (None without a remote), whose ``complete`` says afterwards whether the remote got all of
     the run. ``node_local``: this node (not node 0) keeps a run folder of its own, which holds only its ranks'
-    logs worth mirroring. ``lease``: this launch's lease on the remote (node 0's)."""
+    logs worth mirroring. ``lease``: this launch's lease on the remote (node 0's). ``start_over``: the launch trains
+    the run anew (train.resume=never), so the remote's earlier checkpoints are not this training's."""
     node_rank = topology_from_environ(os.environ, run.root.name).node_rank
     mirror = None
     if remote is not None:  # first: a remote that cannot be reached fails the launch before W&B starts a run
         mirror = RunMirror(
             remote, run, cfg.train.keep_checkpoints, node_rank=node_rank, node_local=node_local,
-            identity=run_identity(cfg), lease=lease,
+            identity=run_identity(cfg), lease=lease, start_over=start_over,
         )  # fmt: skip
         mirror.start()
     try:

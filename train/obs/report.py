@@ -12,6 +12,7 @@ import numpy as np
 
 from train import run_files
 from train.atomic import write_json_atomic, write_text_atomic
+from train.errors import ConfigError
 from train.obs import plots
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,26 @@ def _fine_tuned(weights_from: dict | None) -> list[str]:
     return [f"Fine-tuned: the initial weights came from `{source}` (`{path}`, SHA-256 {sha}).", ""]
 
 
+def diverged(results: dict[str, dict]) -> list[str]:
+    """The tasks whose test nRMSE is not finite though they have test samples (NaN as evaluation computes it,
+    null as summary.json holds it): a model that diverged, never a result."""
+    return [name for name, r in results.items() if r.get("n_samples") and _finite(r.get("nrmse")) is None]
+
+
+def diverged_error(tasks: list[str], checkpoint: str, report: Path) -> ConfigError:
+    return ConfigError(
+        f"training diverged: the test metrics of {checkpoint} are not finite for {', '.join(tasks)}; the model's "
+        f"outputs overflow (the report, {report}, shows n/a). Lower train.lr, set train.grad_clip, use "
+        "train.precision=bf16 or fp32, or train.on_nonfinite=stop to stop at the first non-finite step instead of "
+        "skipping it, and train it again (train.resume=never)"
+    )
+
+
+def figure(value, digits: int = 4) -> str:
+    """A metric for a log line: ``n/a`` where there is none (null in summary.json: it was not finite)."""
+    return f"{value:.{digits}g}" if _finite(value) is not None else "n/a"
+
+
 def summary_score(results: dict[str, dict]) -> dict[str, float]:
     """One score for a run of many tasks: the mean test nRMSE, and the geometric mean over tasks of the model's
     nRMSE relative to its baseline's (below 1: better than the baseline; each task counts the same whatever its
@@ -273,7 +294,8 @@ def _well_tables(results: dict) -> list[str]:
 
 
 def report_is_current(run_dir: Path, checkpoint: Path | None) -> bool:
-    """The report was written from the newest checkpoint (it is newer than that checkpoint)."""
+    """The report was written from ``checkpoint``, the one evaluation scores (best, else the newest): it is newer
+    than that checkpoint."""
     summary = run_dir / run_files.REPORT / run_files.SUMMARY
     return checkpoint is not None and summary.is_file() and summary.stat().st_mtime_ns >= checkpoint.stat().st_mtime_ns
 

@@ -7,10 +7,12 @@ checkpoints and move the pointer back to its own older step. So the launcher tha
 while it runs (stages, ranks and the final uploads) and deletes it when it ends.
 
 No clock of another machine is ever compared with this one's: a lease found on the remote is live when its
-renewal count moves. The claimant watches it for up to ``run.remote_lease_s``: a count that moves (or a new
-claimant) means another live launch, and this one stops with exit 4 naming it; a count that stays still that
-long belonged to a launch that died without letting go, whose lease is then taken over. A lease of a process of
-this host that no longer exists is taken at once. A remote has no atomic compare-and-swap (B2 has none), so a
+renewal count moves. The claimant watches it for the longer of the holder's period (recorded in the lease) and its
+own ``run.remote_lease_s``: a count that moves (or a new claimant) means another live launch, and this one stops
+with exit 4 naming it; a count that stays still that long belonged to a launch that died without letting go, whose
+lease is then taken over. A lease of a process of this host that no longer exists is taken at once; one whose
+holder is a live process of this host is never taken (a stopped launch renews nothing, yet resumes writing).
+A remote has no atomic compare-and-swap (B2 has none), so a
 claim is read back after it is written: of two launches claiming at the same moment, the one whose claim was
 overwritten sees it and stops.
 """
@@ -49,7 +51,42 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (None: unknown here): with the boot's id it tells
+    the launch that wrote a lease from another process that later got its pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, after the command's name
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _holder_alive_here(lease: dict) -> bool | None:
+    """Whether the launch that wrote ``lease`` is a live process of this host: True, False, or None when it is
+    another host's (only its renewals can tell)."""
+    pid = lease.get("pid")
+    if lease.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return None
+    if not _alive(pid):
+        return False
+    if lease.get("boot_id") and lease.get("boot_id") != _boot_id():
+        return False  # written before this host restarted: the pid is another process's now
+    started = lease.get("pid_start")
+    return started is None or _process_start(pid) in (None, started)
+
+
 def _describe(lease: dict) -> str:
+    if lease.get("unreadable"):
+        return (
+            f"an unreadable lease file ({lease.get('why', 'not a JSON object')}), written by no launch this one knows"
+        )
     return (
         f"launch {lease.get('launch')} on host {lease.get('host')} (pid {lease.get('pid')}, started "
         f"{lease.get('started')}: {lease.get('command')})"
@@ -72,6 +109,8 @@ class RemoteLease:
             "command": command or " ".join(["python -m train", *sys.argv[1:]]),
             "beat": 0,
             "lease_s": self.lease_s,
+            "boot_id": _boot_id(),
+            "pid_start": _process_start(os.getpid()),
         }
         self.lost = threading.Event()
         self._stale: str | None = None  # the launch whose silent lease this one took over
@@ -84,13 +123,17 @@ class RemoteLease:
         if self.remote.stat(LEASE) is None:
             return None
         with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / LEASE
+            path, text = Path(folder) / LEASE, ""
             try:
                 self.remote.download(LEASE, path)
-                lease = json.loads(path.read_text())
-            except (OSError, ValueError):
-                return {"launch": None, "beat": None, "unreadable": True}
-        return lease if isinstance(lease, dict) else {"launch": None, "beat": None, "unreadable": True}
+                text = path.read_text()
+                lease = json.loads(text)
+            except (OSError, ValueError) as e:
+                why = "empty" if isinstance(e, ValueError) and not text.strip() else f"{type(e).__name__}: {e}"
+                return {"launch": None, "beat": None, "unreadable": True, "why": why}
+        if not isinstance(lease, dict):
+            return {"launch": None, "beat": None, "unreadable": True, "why": f"a JSON {type(lease).__name__}"}
+        return lease
 
     def _write(self) -> None:
         with tempfile.TemporaryDirectory() as folder:
@@ -130,7 +173,8 @@ class RemoteLease:
 
     def _wait_until_free(self, held: dict) -> None:
         """Return once ``held`` is a lease nobody renews; PreflightError while another launch keeps it."""
-        if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int) and not _alive(held["pid"]):
+        here = _holder_alive_here(held)
+        if here is False:
             log.warning(
                 "remote: %s/%s was held by %s, which no longer runs; taking it over",
                 self.remote.url,
@@ -138,15 +182,24 @@ class RemoteLease:
                 _describe(held),
             )
             return
+        if here:  # renewals or not, a live launch of this host holds it (stopped, or its remote was slow)
+            raise PreflightError(
+                f"{self.remote.url} is in use by another launch of this run: {_describe(held)}, a live process on "
+                "this host. Two launches of one run would prune each other's checkpoints on the remote. Wait for it "
+                "to end or stop it, or give this run another name (RUN=... or --run) or another run.remote"
+            )
+        # The holder renews within its own period, which may be longer than this launch's: wait the longer one.
+        theirs = held.get("lease_s")
+        period = max(self.lease_s, float(theirs) if isinstance(theirs, int | float) and theirs > 0 else 0.0)
         log.info(
-            "remote: %s/%s is held by %s; watching it for up to %.0f s (run.remote_lease_s) to see whether "
-            "that launch is alive",
+            "remote: %s/%s is held by %s; watching it for up to %.0f s (the longer of its run.remote_lease_s and "
+            "this launch's) to see whether that launch is alive",
             self.remote.url,
             LEASE,
             _describe(held),
-            self.lease_s,
+            period,
         )
-        deadline = time.monotonic() + self.lease_s
+        deadline = time.monotonic() + period
         while time.monotonic() < deadline:
             time.sleep(min(2.0, self.lease_s / (4 * RENEWALS_PER_LEASE)))
             now = self._read()
@@ -165,7 +218,7 @@ class RemoteLease:
             self.remote.url,
             LEASE,
             _describe(held),
-            self.lease_s,
+            period,
         )
 
     def _renew_loop(self) -> None:

@@ -31,7 +31,7 @@ from train.atomic import write_json_atomic
 from train.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint, unreadable
 from train.errors import DataError, TrainError
 from train.remote.lease import RemoteLease
-from train.remote.pointer import POINTER, belongs_to, read_pointer
+from train.remote.pointer import POINTER, belongs_to, read_pointer, remote_ahead
 from train.remote.store import LocalFile, Remote, sha1_of
 from train.run_dir import RunDir
 
@@ -67,15 +67,24 @@ class RunMirror:
         identity: str | None = None,
         poll_s: float | None = None,
         lease: RemoteLease | None = None,
+        start_over: bool = False,
     ) -> None:
         self.remote, self.run, self.keep, self.node_rank = remote, run, keep, node_rank
         self.identity = identity
+        """The run's identity (train.config.run_identity), with which each checkpoint is tagged in the pointer."""
         self.lease = lease
         """This launch's lease on the remote: once another launch took it over, nothing more is written there."""
-        """The run's identity (train.config.run_identity), with which each checkpoint is tagged in the pointer."""
+        self.start_over = start_over
+        """train.resume=never: the run starts over, so the remote's checkpoints of its earlier training are neither
+        carried on in the pointer nor pruned (left where they are, as the local ones are archived)."""
+        self.ahead: dict | None = None
+        """The remote's newest checkpoint of this run when it is newer than this folder's newest: then nothing of
+        this folder is written there (it would rewind the remote and prune the newer checkpoints)."""
         self.node_local = node_local and node_rank > 0
         self.poll_s = POLL_S if poll_s is None else poll_s
         self.pointer = read_pointer(remote)  # in the caller's thread: missing credentials fail the launch now
+        if start_over and self.pointer is not None:  # the earlier training's entries are no longer this run's
+            self.pointer = {"checkpoint": None, "kept": [], "best": None}
         self.failures = 0
         self.complete: bool | None = None
         """What :meth:`finish` returned: whether the remote got all of the run (None: not finished yet)."""
@@ -130,6 +139,14 @@ class RunMirror:
             )
             return False
         shutil.rmtree(self._staging, ignore_errors=True)
+        if self.ahead is not None:
+            log.warning(
+                "remote: %s was left as it was: it holds %s, newer than this folder's newest (%s)",
+                self.remote.url,
+                self.ahead["name"],
+                newest.name if newest is not None else "none",
+            )
+            return False
         if newest is not None:
             there, why = self._remote_newest()
             if there != newest.name:
@@ -158,6 +175,8 @@ class RunMirror:
     def _why_not(self, name: str) -> str:
         if self.lease is not None and self.lease.lost.is_set():
             return "another launch took the remote over; this one writes nothing more there"
+        if self.ahead is not None:
+            return f"the remote holds {self.ahead['name']}, newer: nothing of this folder is written there"
         error = self._errors.get(f"checkpoints/{name}") or self._errors.get(POINTER)
         if error:
             return f"its last upload failed: {error}"
@@ -204,6 +223,8 @@ class RunMirror:
                     self._send_file(path.relative_to(self.run.root).as_posix(), final)
             return
         newest = latest_checkpoint(self.run.checkpoints)
+        if self._behind_remote(newest):
+            return
         sent_checkpoint = newest is not None and self._checkpoint(newest, final)
         if best_checkpoint(self.run.checkpoints) is not None:
             self._best(final)
@@ -216,6 +237,22 @@ class RunMirror:
             for folder in (self.run.report, self.run.logs):
                 for path in sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else ():
                     self._send_file(path.relative_to(self.run.root).as_posix(), final)
+
+    def _behind_remote(self, newest: Path | None) -> bool:
+        """Whether the remote holds a newer checkpoint of this run than ``newest`` (this folder's): another box
+        went on with the run. Nothing of this folder is written there then (said once)."""
+        ahead = None if self.start_over else remote_ahead(self.pointer, self.identity, newest)
+        if ahead is not None and self.ahead is None:
+            log.error(
+                "remote: %s holds %s of this run, newer than %s's newest (%s): nothing of this folder is written "
+                "there, which would move its pointer back and delete the newer checkpoints",
+                self.remote.url,
+                ahead["name"],
+                self.run.root,
+                newest.name if newest is not None else "none",
+            )
+        self.ahead = ahead
+        return ahead is not None
 
     def repair_pointer(self) -> None:
         """A pointer rebuilt from the remote's listing (the one written was unreadable) vouches for nothing: each

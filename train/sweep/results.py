@@ -81,13 +81,15 @@ def write_results(study: SweepStudy, base_runs_dir: str, plots: bool = True) -> 
     spec = study.spec
     keys = list(spec.space)
     best = next((r for r in rows if r["order"][0] == 0), None)
-    counts = {}
-    for t in study.trials():
+    counts, trials = {}, study.trials()
+    for t in trials:
         counts[t.state.name.lower()] = counts.get(t.state.name.lower(), 0) + 1
+    retried = len(study.retried(trials))
+    counts |= {"failed and run again": retried} if retried else {}
     lines = [
         f"# Sweep {study.name}",
         "",
-        f"{spec.sampler} sampler, {len(rows)} of {study.budget} trials "
+        f"{spec.sampler} sampler, {len(study.counted(trials))} of {study.budget} trials "
         f"({', '.join(f'{n} {s}' for s, n in sorted(counts.items())) or 'none yet'}); metric: {spec.metric} "
         f"(lower is better, each trial's best validation); pruner: {spec.pruner}.",
         "",

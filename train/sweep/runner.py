@@ -111,8 +111,8 @@ class Worker:
         trial = TrialRun(claim, cfg, slot, self.metric, set(frozen.intermediate_values))
         trial.start()
         how = "resumes from its checkpoint" if claim.resumed else "started"
-        log.info("sweep %s: %s %s (%d of %d): %s -> %s", self.study.name, trial_name(claim.number), how,
-                 claim.number + 1, self.study.budget, _params_text(claim.params), trial.root)  # fmt: skip
+        log.info("sweep %s: %s %s (%s): %s -> %s", self.study.name, trial_name(claim.number), how,
+                 self.study.position(claim.number), _params_text(claim.params), trial.root)  # fmt: skip
         return trial
 
     def _check_pruning(self, trial: TrialRun) -> None:

@@ -144,6 +144,16 @@ class SweepStudy:
         retried = self.retried(trials)
         return [t for t in trials if t.number not in retried and t.state != TrialState.WAITING]
 
+    def position(self, number: int) -> str:
+        """Where trial ``number`` stands in the budget, for the log: "3 of 8", or "a retry of trial-001, 2 of 2"
+        (a failed trial run again counts once, as its retry: its number may exceed the budget)."""
+        trials = self.trials()
+        counted = sorted(t.number for t in self.counted(trials) if t.number <= number)
+        place = len(counted) + (number not in counted)  # a trial just asked for may not be listed as running yet
+        retry = next((t.user_attrs[RETRY_OF] for t in trials if t.number == number and RETRY_OF in t.user_attrs), None)
+        again = f"a retry of {trial_name(retry)}, " if retry is not None else ""
+        return f"{again}{place} of {self.budget}"
+
     def retry_failed(self) -> list[int]:
         """Each failed trial queued to run again with its parameters, as a new trial of its own (the failed one's
         folder and log are kept); returns the failed trials' numbers."""

@@ -200,17 +200,20 @@ def export_run(
     accept_changed_source: bool = False,
 ) -> list[Path]:
     """Every task of the run (or ``task``) as ``<output or runs/<name>/export>/<task><ext>``; ``output`` ending
-    in the format's extension names the file of a single task. ``factory``: where a model of your own lives now,
-    when it moved since training; one whose file changed since is refused unless ``accept_changed_source``."""
+    in the format's extension (and not a folder already) names the file of a single task. ``factory``: where a
+    model of your own lives now, when it moved since training; one whose file changed since is refused unless
+    ``accept_changed_source``."""
     ext = FORMATS.get(fmt)
     if ext is None:
         raise ConfigError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
+    # An output ending in the format's suffix names one task's file, unless it is a folder already (x.onnx/).
+    one_file = output is not None and str(output).endswith(ext) and not Path(output).is_dir()
     if output is not None:  # checked before the model is loaded and traced
-        check_output(Path(output), "--output", folder=not str(output).endswith(ext))
+        check_output(Path(output), "--output", folder=not one_file)
     changed = "warn" if accept_changed_source else "refuse"
     surrogate = Surrogate.load(source, checkpoint=checkpoint, factory=factory, changed_source=changed)
     cards = [surrogate.task(task)] if task is not None else list(surrogate.tasks.values())
-    if output is not None and str(output).endswith(ext):
+    if one_file:
         if len(cards) > 1:
             names = ", ".join(c.name for c in cards)
             raise ConfigError(

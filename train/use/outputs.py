@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from train import run_files
+from train.checkpoint_shards import is_sharded_checkpoint
 from train.disk import unwritable
 from train.errors import ConfigError, PreflightError
 
@@ -28,9 +29,16 @@ def run_folder_owning(path: Path) -> Path | None:
     return None
 
 
+def sharded_checkpoint_holding(path: Path) -> Path | None:
+    """The sharded checkpoint folder (``*.dcp``) that ``path`` is, or lies in, wherever it is; or None."""
+    path = path.resolve()
+    return next((f for f in (path, *path.parents) if is_sharded_checkpoint(f)), None)
+
+
 def check_output(output: Path, option: str, *, folder: bool) -> None:
     """``option`` (--output) names a place this command may write: ConfigError (exit 2) for a run folder's own
-    files or for the wrong kind of path, PreflightError (exit 4) for a folder this machine cannot write to."""
+    files, a checkpoint's, or the wrong kind of path, PreflightError (exit 4) for a folder this machine cannot
+    write to."""
     output = Path(output)
     owner = run_folder_owning(output)
     if owner is not None:
@@ -38,6 +46,13 @@ def check_output(output: Path, option: str, *, folder: bool) -> None:
             f"{option} {output} is inside the run folder {owner}'s own files (checkpoints/, config.yaml, metrics): "
             f"writing there would replace what the run resumes and is scored from. Write elsewhere, e.g. "
             f"{owner / 'export'}/ or a folder of your own"
+        )
+    checkpoint = sharded_checkpoint_holding(output)
+    if checkpoint is not None:
+        raise ConfigError(
+            f"{option} {output} is {'' if checkpoint == output.resolve() else 'inside '}the sharded checkpoint "
+            f"{checkpoint}: writing there would change a checkpoint. Write elsewhere, e.g. a file in a folder of "
+            "your own"
         )
     if not folder and output.is_dir():
         raise ConfigError(f"{option} {output} is a folder; give the file to write, e.g. {output / 'predictions.h5'}")

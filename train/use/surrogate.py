@@ -27,6 +27,7 @@ from train.checkpoint import (
     MODEL_SOURCE,
     SPECS,
     TASK_CARDS,
+    USE_ADVICE,
     checkpoint_for_evaluation,
     latest_checkpoint,
     load_checkpoint,
@@ -132,7 +133,7 @@ class Surrogate:
         ``changed_source``: what a model file of your own edited since training gets: 'warn' (the weights load
         into the model as the file defines it now) or 'refuse' (ConfigError, as training and export do)."""
         path = resolve_checkpoint(source, checkpoint, b2_api)
-        saved = load_checkpoint(path)
+        saved = load_checkpoint(path, advice=USE_ADVICE)
         for key in (CONFIG, SPECS, MODEL):
             if key not in saved:
                 raise DataError(f"{path} is not a training checkpoint of this package (it has no '{key}')")
@@ -179,7 +180,8 @@ class Surrogate:
         """One step: the next frame after each input window (batch, initial_step, *grid, in_channels), or a
         steady task's solution of (batch, *grid, in_channels); returns (batch, *grid, out_channels)."""
         card = self.task(task)
-        return self._batched(card, inputs, batch_size, lambda x: self._step(card, x))
+        shape = (*card.spec.grid, card.spec.out_channels)
+        return self._batched(card, inputs, batch_size, lambda x: self._step(card, x), shape)
 
     def rollout(self, task: str | None, initial: Array, steps: int, batch_size: int = 64) -> Array:
         """``steps`` frames predicted one after another from each initial window (batch, initial_step, *grid,
@@ -190,11 +192,13 @@ class Surrogate:
             raise ConfigError(f"task {card.name} is steady (no time axis): use predict, not rollout")
         if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
             raise ConfigError(f"steps={steps!r}: a rollout predicts a whole number of frames, at least one")
-        return self._batched(card, initial, batch_size, lambda x: self._roll(card, x, int(steps)))
+        shape = (int(steps), *card.spec.grid, card.spec.out_channels)
+        return self._batched(card, initial, batch_size, lambda x: self._roll(card, x, int(steps)), shape)
 
     # -- internals -------------------------------------------------------------------------------------------
 
-    def _batched(self, card: TaskCard, inputs: Array, batch_size: int, run: Callable) -> Array:
+    def _batched(self, card: TaskCard, inputs: Array, batch_size: int, run: Callable, shape: tuple) -> Array:
+        """``run`` over ``inputs`` in batches; ``shape``: one sample's output shape (of an empty batch's output)."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ConfigError(f"batch_size={batch_size!r}: samples per forward pass, a whole number of at least 1")
         batch_size = int(batch_size)
@@ -216,7 +220,7 @@ class Surrogate:
             )
         where = x.device
         outs = [run(x[i : i + batch_size].to(self.device, torch.float32)) for i in range(0, len(x), batch_size)]
-        out = torch.cat(outs).to(where) if outs else x.new_zeros(0)
+        out = torch.cat(outs).to(where) if outs else x.new_zeros((0, *shape))
         return out.numpy() if as_numpy else out
 
     def _normalised(self, card: TaskCard, x: torch.Tensor) -> torch.Tensor:

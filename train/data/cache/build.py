@@ -29,7 +29,7 @@ from train.config import TaskConfig
 from train.data.acquire.sources import SplitFiles
 from train.data.cache import in_place
 from train.data.cache.cached_array import CachedArray, Field
-from train.data.cache.in_place import ChannelStats, Placed, file_identity
+from train.data.cache.in_place import ChannelStats, Placed, file_identity, same_identity
 from train.data.cache.running_stats import RunningStats
 from train.data.checksum import ALGORITHM, ChecksumMemo
 from train.data.formats import format_of, open_reader
@@ -83,7 +83,7 @@ class CacheInfo:
     """Where the normalising statistics came from: 'train split' or the dataset's 'stats.yaml'."""
     in_place: dict | None = None
     """Arrays mapped where they lie in the source files (train.data.cache.in_place): {"arrays": {file name: where},
-    "identity": {source: [size, mtime_ns]}}; None: every array is a .npy file of the cache."""
+    "identity": {source: [size, mtime_ns, inode, ctime_ns]}}; None: every array is a .npy file of the cache."""
 
     def moments(self, part: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """The mean and std that normalise ``part``: inputs ('' and 'x'), targets ('y') or constants."""
@@ -113,7 +113,7 @@ class CacheInfo:
         fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
         for source, identity in (meta.get("in_place") or {}).get("identity", {}).items():
             try:
-                if file_identity(source) != identity:
+                if not same_identity(identity, file_identity(source)):
                     return None  # the mapped file changed since: its bytes are not the ones this cache describes
             except OSError:
                 return None
@@ -302,13 +302,14 @@ def changed_mapped_sources(folder: Path) -> list[str]:
 
 def _changed(identity: dict[str, list[int]]) -> list[str]:
     changed = []
-    for source, (size, mtime) in identity.items():
+    for source, recorded in identity.items():
+        size = recorded[0]
         try:
             now = file_identity(source)
         except OSError as e:
             changed.append(f"{source} ({e.strerror or e}; {size} bytes were mapped)")
             continue
-        if now != [size, mtime]:
+        if not same_identity(recorded, now):
             verb = "shrank" if now[0] < size else "was rewritten"
             changed.append(f"{source} ({verb}: {size} bytes mapped, {now[0]} bytes now)")
     return changed

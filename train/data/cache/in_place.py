@@ -58,9 +58,17 @@ def locate(path: Path, keys: tuple[str, ...], task: TaskConfig) -> tuple[Field, 
 
 
 def file_identity(path: str | Path) -> list[int]:
-    """What a mapped source must still be when the cache is used: size and modification time."""
+    """What a mapped source must still be when the cache is used: size, modification time, inode and change
+    time. A rewrite that restores the size and mtime (``os.utime``, ``touch -r``, ``cp -p``) still moves the
+    ctime, which user space cannot set; a file replaced by another gets another inode."""
     st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns]
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+def same_identity(recorded: list[int], now: list[int]) -> bool:
+    """Whether a file is still the one ``recorded`` (a cache built before inode and ctime were recorded holds
+    size and mtime only: those are compared)."""
+    return now[: len(recorded)] == list(recorded)
 
 
 class ChannelStats:

@@ -20,6 +20,7 @@ import numpy as np
 
 from train.atomic import atomic_path
 from train.config import TaskConfig
+from train.data.formats.pdebench import fit_times
 from train.errors import DataError
 from train.pdes import LAYOUTS
 
@@ -308,13 +309,45 @@ def write_mat(path: Path, arrays: dict[str, np.ndarray], version: str = "5") -> 
     return path
 
 
+def _all_arrays(reader: FnoMatReader) -> dict[str, np.ndarray]:
+    """Every numeric variable of the reader's file, as it was (its dtype kept), in the reader's axis order."""
+    if reader.version == "5":
+        import scipy.io
+
+        data = scipy.io.loadmat(reader.path)
+        return {k: v for k, v in data.items() if not k.startswith("__") and np.asarray(v).dtype.kind in "fiub"}
+    return {
+        key: np.transpose(ds[()])
+        for key, ds in reader.file.items()
+        if isinstance(ds, h5py.Dataset) and ds.dtype.kind in "fiub"
+    }
+
+
 def write_predictions(path: Path, reader: FnoMatReader, inputs: np.ndarray, outputs: np.ndarray) -> None:
-    """Predictions in the input's own layout and container (v5 or v7.3), float32 (MATLAB single): a steady pair
-    as its input and target keys, (N, spatial...); a Navier-Stokes rollout as ``u`` (N, s, s, T), the initial
-    frames first. ``inputs``/``outputs`` are channels-last as the reader gives them."""
-    layout = reader.layout
+    """Predictions in the input's own layout and container (v5 or v7.3): a steady pair's target key (N,
+    spatial...) and a Navier-Stokes rollout's ``u`` (N, s, s, T), the initial frames first, float32 (MATLAB single).
+    Every other variable of the input is copied as it was (its dtype kept): a steady pair's input key, Navier-Stokes'
+    ``a`` (the initial vorticity) and ``t``. At a run's strides, arrays on the grid are strided as the run read
+    it, and ``t`` is strided and fitted to the frames written (extended at its last spacing when the rollout goes
+    beyond the input's frames). ``inputs``/``outputs`` are channels-last as the reader gives them."""
+    layout, s = reader.layout, reader.spatial_stride
+    grid_axes = len(reader.raw_grid)
+    arrays = {}
+    for key, value in _all_arrays(reader).items():
+        if key in layout.targets:
+            continue
+        if (
+            value.ndim >= 1 + grid_axes
+            and value.shape[0] == reader.n_samples
+            and value.shape[1:][:grid_axes] == reader.raw_grid
+        ):
+            value = value[(slice(None), *[slice(None, None, s)] * grid_axes)]
+        elif key == "t" and layout.autoregressive and np.size(value) == reader.raw_frames:
+            value = fit_times(np.ravel(value)[:: reader.temporal_stride], outputs.shape[1])[None].astype(value.dtype)
+        arrays[key] = value
     if layout.autoregressive:
-        arrays = {layout.targets[0]: np.moveaxis(outputs[..., 0], 1, -1)}
+        arrays[layout.targets[0]] = np.moveaxis(outputs[..., 0], 1, -1)
     else:
-        arrays = {layout.inputs[0]: inputs[..., 0], layout.targets[0]: outputs[..., 0]}
+        arrays[layout.targets[0]] = outputs[..., 0]
+        arrays.setdefault(layout.inputs[0], inputs[..., 0])
     write_mat(path, arrays, reader.version)

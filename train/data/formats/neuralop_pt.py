@@ -12,6 +12,7 @@ the legacy (pre-1.6) format cannot be mapped and is read whole.
 from __future__ import annotations
 
 import gzip
+import io
 import lzma
 import pickle
 import struct
@@ -53,7 +54,9 @@ def load_pt(path: Path) -> dict[str, torch.Tensor]:
         # Only the zip format can be mapped; the legacy format raises on mmap=True.
         data = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError as e:
-        detail = " ".join(line.strip() for line in str(e).splitlines() if "Unsupported global" in line)
+        # torch words a global it does not know ("Unsupported global: GLOBAL m.f was not an allowed global") and
+        # one of a blocked module ("unsupported GLOBAL posix.system whose module posix is blocked") differently.
+        detail = " ".join(line.strip() for line in str(e).splitlines() if "unsupported global" in line.lower())
         if not detail:  # garbage bytes parse as unknown pickle opcodes: a damaged file, not a refused one
             raise DataError(
                 f"{path}: not a readable torch.save file (not a pickle of tensors); the file is truncated or of "
@@ -73,7 +76,83 @@ def load_pt(path: Path) -> dict[str, torch.Tensor]:
             f"{path}: holds a {type(data).__name__}, not a dict; neuraloperator's files are "
             "torch.save({'x': tensor, 'y': tensor}): save the tensors in such a dict"
         )
+    if zipfile.is_zipfile(path):
+        check_records(path)
     return data
+
+
+class _Stub:
+    """Whatever a pickle builds besides tensors and storages (an OrderedDict of hooks): read, never run."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return _Stub()
+
+    def __setstate__(self, state):
+        pass
+
+
+_ITEMSIZE = {
+    **{"Double": 8, "Float": 4, "Half": 2, "BFloat16": 2, "ComplexFloat": 8, "ComplexDouble": 16},
+    **{"Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1, "Bool": 1, "Untyped": 1},
+}
+"""Bytes per element of each storage class a pickle names (torch.FloatStorage ...)."""
+
+
+class _RecordScan(pickle.Unpickler):
+    """Reads a zip-format file's ``data.pkl`` for the storage records its tensors need (key, bytes), building
+    nothing: its globals resolve to stubs (the file was already loaded with ``weights_only=True``, which refuses
+    code; this pass only learns sizes)."""
+
+    def __init__(self, file):
+        super().__init__(file)
+        self.needed: dict[str, int] = {}
+
+    def find_class(self, module: str, name: str):
+        if module == "torch" and name.endswith("Storage"):
+            return _ITEMSIZE.get(name[: -len("Storage")], 1)
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return lambda storage, *rest: storage
+        return _Stub
+
+    def persistent_load(self, pid):
+        _, itemsize, key, _, numel = pid
+        itemsize = itemsize if isinstance(itemsize, int) else 1
+        self.needed[str(key)] = max(self.needed.get(str(key), 0), int(numel) * itemsize)
+        return str(key)
+
+
+def check_records(path: Path) -> None:
+    """Every storage record of a zip-format ``.pt`` file holds the bytes its pickle says: a memory-mapped load
+    (which takes a record's offset from the file and its length from the pickle) would otherwise read past a
+    short record into the next one. DataError (exit 3) naming the file, the key and the record."""
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+        pickled = next((n for n in names if n.endswith("data.pkl")), None)
+        if pickled is None:
+            raise DataError(f"{path}: no data.pkl in the archive; not a torch.save file: download or write it again")
+        prefix = pickled[: -len("data.pkl")]
+        scan = _RecordScan(io.BytesIO(archive.read(pickled)))
+        try:
+            top = scan.load()
+        except Exception as e:
+            raise DataError(
+                f"{path}: its data.pkl cannot be read ({type(e).__name__}: {e}); download it again"
+            ) from None
+        sizes = {info.filename: info.file_size for info in archive.infolist()}
+    for key, needed in scan.needed.items():
+        record = f"{prefix}data/{key}"
+        have = sizes.get(record)
+        if have is None or have < needed:
+            owner = [k for k, v in top.items() if v == key] if isinstance(top, dict) else []
+            what = f"'{owner[0]}'" if owner else f"a tensor (record {key})"
+            got = "is missing" if have is None else f"holds {have} bytes"
+            raise DataError(
+                f"{path}: {what} needs {needed} bytes of storage record {record}, which {got}: the file is "
+                "damaged (cut or edited); download or write it again"
+            )
 
 
 def _tensor(path: Path, data: dict, key: str, pde: str) -> torch.Tensor:
@@ -324,12 +403,17 @@ def write_pt(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
 
 
 def write_predictions(path: Path, reader: NeuralopPtReader, inputs: np.ndarray, outputs: np.ndarray) -> None:
-    """Predictions as neuraloperator's dict, float32: a steady pair as ``x`` and ``y`` (N, *grid); a Burgers
-    rollout as ``y`` (N, t, x), its first frame also as ``x``. ``inputs``/``outputs`` are channels-last."""
-    if LAYOUTS[reader.pde].autoregressive:
-        y = torch.from_numpy(np.ascontiguousarray(outputs[..., 0]))
-        tensors = {"x": y[:, 0].clone(), "y": y}
-    else:
-        x, y = (torch.from_numpy(np.ascontiguousarray(a[..., 0])) for a in (inputs, outputs))
-        tensors = {"x": x, "y": y}
+    """Predictions as neuraloperator's dict: ``y`` the predictions in the input's ``y`` dtype (a steady pair's
+    solution (N, *grid); a Burgers rollout (N, t, x), its first frames the input's), ``x`` the input's own as it
+    was (its dtype kept: Darcy's bool), and every other key of the input (Burgers' ``visc``) copied as it was. At a
+    run's spatial stride, ``x`` is strided as the run read it. ``inputs``/``outputs`` are channels-last."""
+    data, s = reader.data, reader.spatial_stride
+    y_dtype = data["y"].dtype if data["y"].is_floating_point() else torch.float32
+    tensors = {key: value.clone() for key, value in data.items() if key not in ("x", "y")}
+    x = data.get("x")
+    if isinstance(x, torch.Tensor) and x.ndim == 1 + reader.layout.spatial_dims:
+        tensors["x"] = x[(slice(None), *[slice(None, None, s)] * reader.layout.spatial_dims)].clone()
+    elif not LAYOUTS[reader.pde].autoregressive:
+        tensors["x"] = torch.from_numpy(np.ascontiguousarray(inputs[..., 0]))
+    tensors["y"] = torch.from_numpy(np.ascontiguousarray(outputs[..., 0])).to(y_dtype)
     write_pt(path, tensors)

@@ -19,7 +19,7 @@ import numpy as np
 
 from train.atomic import atomic_path
 from train.config import TaskConfig
-from train.data.formats.pdebench import Strided, open_hdf5
+from train.data.formats.pdebench import Strided, fit_times, open_hdf5
 from train.errors import DataError
 from train.pdes import LAYOUTS
 
@@ -235,6 +235,28 @@ def open_pdearena(paths: list[Path], task: TaskConfig) -> PdeArenaReader:
 
 
 def write_predictions(path: Path, reader: PdeArenaReader, inputs: np.ndarray, outputs: np.ndarray) -> None:
-    """A rollout in PDEArena's layout: ``u``, ``vx``, ``vy`` (n, nt, nx, ny), the initial frames first, under the
-    input's root group (its split word)."""
-    write_pdearena(path, reader._groups[0], {key: outputs[..., i] for i, key in enumerate(FIELDS)})
+    """A rollout in PDEArena's layout under the input's root group (its split word): ``u``, ``vx``, ``vy`` (n, nt,
+    nx, ny), the initial frames first, and every other dataset of the input files as it was (float64): ``x``,
+    ``y`` and ``t`` per sample, ``dt``, ``dx``, ``dy`` and ``buo_y``. At a run's strides the coordinates are
+    strided as the run read the fields and the spacings scaled; ``t`` is fitted to the frames written (extended at
+    its last spacing when the rollout goes beyond the input's frames)."""
+    s, ts, frames = reader.spatial_stride, reader.temporal_stride, outputs.shape[1]
+    fields = {key: outputs[..., i] for i, key in enumerate(FIELDS)}
+    others: dict[str, list[np.ndarray]] = {}
+    for i in range(len(reader.paths)):
+        group = reader._file(i)[reader._groups[i]]
+        for key, ds in group.items():
+            if key not in fields and isinstance(ds, h5py.Dataset):
+                others.setdefault(key, []).append(ds[()])
+    scale = {"x": (1, s), "y": (1, s), "t": (1, ts), "dx": (s, 1), "dy": (s, 1), "dt": (ts, 1)}
+    for key, parts in others.items():
+        if len(parts) != len(reader.paths):
+            continue  # not in every file of the split: not a dataset of the samples written
+        value = np.concatenate([np.atleast_1d(p) for p in parts])
+        factor, stride = scale.get(key, (1, 1))
+        if stride > 1 and value.ndim == 2:
+            value = value[:, ::stride]
+        if key == "t" and value.ndim == 2:
+            value = np.stack([fit_times(row, frames) for row in value])
+        fields[key] = value * factor if factor != 1 else value
+    write_pdearena(path, reader._groups[0], fields)

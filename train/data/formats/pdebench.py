@@ -42,6 +42,15 @@ class Strided:
         return len(range(0, self.raw_shape[0], self.temporal_stride))
 
 
+def fit_times(times, frames: int):
+    """A recorded time axis (1-D) cut or extended, at its last spacing, to ``frames`` values: the times of a
+    prediction that covers more or fewer frames than its input."""
+    t = np.asarray(times, dtype=np.float64).ravel()
+    if len(t) >= frames or len(t) < 2:
+        return t[:frames]
+    return np.concatenate([t, t[-1] + (t[-1] - t[-2]) * np.arange(1, frames - len(t) + 1)])
+
+
 class _LazyHdf5(Strided):
     """What both PDEBench readers share: a lazily opened handle and the strided geometry of one sample."""
 
