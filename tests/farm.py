@@ -11,7 +11,7 @@ Entries: ``tiny`` (``python -m train run`` of configs/tiny.yaml on 2 ranks: data
 checkpoints and report), ``fno`` (the same config's tasks learnt by a small FNO on one rank),
 ``reference-<variant>`` (the 160-step uninterrupted run that interrupted runs must end bitwise equal to, for each
 objective of :data:`OBJECTIVES`, for the sharded model and for the multi-physics model drawing one dataset per
-step: :data:`VARIANTS`) and ``sweep`` (tests/sweeps.py's
+step: :data:`VARIANTS`, and with the whole step compiled: :data:`COMPILED`) and ``sweep`` (tests/sweeps.py's
 grid, killed mid-trial and continued).
 """
 
@@ -47,6 +47,10 @@ MULTIPHYSICS = [
     "--set", "train.task_sampling=weighted",
 ]  # fmt: skip
 VARIANTS = {**OBJECTIVES, "fsdp": ["--set", "dist.parallel=fsdp"], "multiphysics": MULTIPHYSICS}
+# ... and the whole step compiled (torch.compile of the rollout, loss, gradients, their all-reduce and AdamW): a
+# resumed compiled run replays the uninterrupted compiled one (its dropout drawn in the graph from the same seeds).
+COMPILED = ["--set", "compile.enabled=true"]
+REFERENCES = {**VARIANTS, "compiled": COMPILED}
 TINY = ["--config", "configs/tiny.yaml", "--nproc", "2"]
 FNO = ["--set", "model.name=fno", "--set", "model.fno.modes=8", "--set", "model.fno.width=8"]
 
@@ -137,5 +141,5 @@ def _fno(folder: Path) -> None:
 
 
 def _reference(folder: Path, variant: str) -> None:
-    proc = run_cli(*fit_argv(folder, "reference", *VARIANTS[variant]))
+    proc = run_cli(*fit_argv(folder, "reference", *REFERENCES[variant]))
     assert proc.returncode == 0, proc.stderr[-3000:]

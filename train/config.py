@@ -682,6 +682,8 @@ class Config(Section):
         for name in self.tasks:
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
                 raise ValueError(f"task name {name!r} must be letters, digits and '_', starting with a letter")
+            if name == "compile":  # report/summary.json's block of what torch.compile did
+                raise ValueError("task name 'compile' is taken by the report's compile block: name the task otherwise")
         for name, task in self.tasks.items():
             for template in task.templates:
                 try:

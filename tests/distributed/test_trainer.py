@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import gc
 import os
 import signal
@@ -72,6 +71,52 @@ def test_accumulated_micro_batches_give_the_gradient_of_one_large_batch(tmp_path
         torch.testing.assert_close(micro[n], large[n], rtol=1e-4, atol=1e-6, msg=f"gradient of {n}")
     # The comparison can fail: a different item set gives clearly different gradients.
     assert any(not torch.allclose(micro[n], grads["large"][0][n] * 1.01, rtol=1e-4, atol=1e-6) for n in micro)
+
+
+def _whole_step_gradients(rank: int, run_dir, out) -> None:
+    """The compiled step's gradients of the first batch after their all-reduce (its own code, compiled)."""
+    import torch.distributed as dist
+
+    from train.engine.step import _all_reduce_mean
+    from train.engine.streams import EpochStreams, step_seed
+    from train.engine.trainer import seed_step
+
+    trainer = rank_trainer(run_dir)
+    step = trainer.whole_step
+    assert step is not None, "compile.enabled=true on 2 CPU ranks compiles the whole step"
+    streams = EpochStreams(trainer.loaders, trainer.samplers, 0, 0, trainer.steps * trainer.micro, None)
+    seed_step(step_seed(trainer.cfg.run.seed, trainer.env.rank, 0, 0), trainer.env.device)
+    batches = streams.batches_at(0)
+    inputs = {n: b["x"] for n, b in batches.items()}
+    targets = {n: b["y"] for n, b in batches.items()}
+
+    def reduced(inputs, targets):
+        return _all_reduce_mean(step._gradients(inputs, targets, {}, 0, 1)[1], 2)
+
+    grads = torch.compile(reduced, fullgraph=True)(inputs, targets)
+    names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    torch.save(dict(zip(names, grads, strict=True)), out / f"grads{rank}.pt")
+    trainer.stop_workers()
+    del trainer, reduced
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def test_the_compiled_steps_all_reduced_gradients_equal_ddps(tmp_path):
+    """The whole step all-reduces its gradients in the graph (one flat buffer, divided by the world size and
+    summed): they are DDP's, on every rank."""
+    grads = {}
+    for name, compiled in (("ddp", "false"), ("whole", "true")):
+        run_dir = prepare_run(tmp_path, overrides=[*SMALL, f"compile.enabled={compiled}"], name=name)
+        out = tmp_path / name
+        out.mkdir()
+        run_ranks(_whole_step_gradients if compiled == "true" else _gradients_of_one_step, 2, run_dir, out)
+        grads[name] = [torch.load(out / f"grads{r}.pt") for r in range(2)]
+    ddp, whole = grads["ddp"][0], grads["whole"]
+    assert ddp.keys() == whole[0].keys() == whole[1].keys() and len(ddp) > 10
+    for n in ddp:
+        assert torch.equal(whole[0][n], whole[1][n]), n  # the same on both ranks
+        torch.testing.assert_close(whole[0][n], ddp[n], rtol=1e-5, atol=1e-7, msg=f"gradient of {n}")
 
 
 def _fit(rank: int, run_dir, force_find_unused: bool | None, out) -> None:
@@ -194,7 +239,7 @@ def _compile_fails(rank: int, run_dir, out) -> None:
     def broken(gm, example_inputs):
         raise RuntimeError("this compiler is broken")
 
-    trainer_module.compile_model = functools.partial(trainer_module.compile_model, backend=broken)
+    trainer_module.Trainer.compile_backend = staticmethod(broken)
     _fit(rank, run_dir, None, out)
 
 
@@ -207,7 +252,8 @@ def test_a_compile_failure_runs_eagerly_unless_strict(tmp_path, strict):
         assert all(not r["ok"] and "ConfigError: torch.compile failed" in r["error"] for r in results), results
     else:
         assert all(r["ok"] for r in results), results
-        assert "torch.compile compiled no graph" in (run_dir / "logs" / "rank0.log").read_text()
+        log = (run_dir / "logs" / "rank0.log").read_text()
+        assert "torch.compile failed (BackendCompilerFailed" in log and "the step runs eagerly" in log
 
 
 def _workers_after_fit(rank: int, run_dir, out) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.farm import OBJECTIVES, VARIANTS, final_weights, fit_argv
+from tests.farm import COMPILED, OBJECTIVES, VARIANTS, final_weights, fit_argv
 from tests.helpers import REPO, assert_bitwise_equal, folders, run_cli
 from train.checkpoint import checkpoint_name, latest_checkpoint, list_checkpoints, load_checkpoint
 from train.obs.procmem import child_pids
@@ -83,6 +83,22 @@ def test_a_rank_killed_at_a_random_step_restarts_the_group_and_ends_bitwise_equa
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "resumed from" in log, f"no restart happened (killed after step {seen})"
     assert_bitwise_equal(final_weights(run_dir), reference[1])
+
+
+def test_a_compiled_run_killed_at_a_random_step_ends_bitwise_equal_to_the_uninterrupted_compiled_run(tmp_path, farm):
+    """compile.enabled=true: the whole step compiled on each rank (its gradients all-reduced in the graph); the
+    restarted group compiles again (the FX graph cache makes that short) and replays the lost steps exactly."""
+    at = random.Random().randrange(15, 130)
+    print(f"SIGKILL to rank 1 at step {at}")
+    proc = start(tmp_path, "killed", *COMPILED, "--set", "dist.max_restarts=3", "--set", "dist.timeout_s=30")
+    run_dir = tmp_path / "runs" / "killed"
+    wait_for_step(proc, run_dir / "metrics.jsonl", at, timeout=480)
+    os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
+    _, err = proc.communicate(timeout=480)
+    assert proc.returncode == 0, err[-4000:]
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "resumed from" in log and "torch.compile (whole step)" in log
+    assert_bitwise_equal(final_weights(run_dir), farm.reference("compiled"))
 
 
 def test_with_the_data_on_the_device_a_killed_rank_resumes_bitwise_equal_to_the_loaders_run(tmp_path, farm):

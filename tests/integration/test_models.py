@@ -72,11 +72,12 @@ def test_a_prediction_of_the_wrong_shape_is_named_before_training(tmp_path):
     assert not list((tmp_path / "runs" / "tiny").glob("checkpoints/*.pt")), "no step may run"
 
 
-def test_fno_under_torch_compile_compiles_around_its_transforms_and_matches_eager(tmp_path):
-    """The spectral layers run eagerly (a graph break); the rest compiles, and the run scores as the eager one.
-    Trained by pushforward: the compiled DDP model is the whole rollout, with a step count that varies. The eager
-    run is the FNO trained through torchrun, which a resume with another model must not continue. The compiled
-    run asks for reduce-overhead, whose CUDA graphs CPU ranks cannot capture: coerced to the default mode."""
+def test_fno_trained_with_its_whole_step_compiled_scores_as_eager(tmp_path):
+    """The FNO by pushforward through torchrun, with the whole step compiled on each rank (rollout, loss,
+    gradients, their all-reduce and AdamW: one graph per rollout length, no break, its spectral layers included)
+    and eagerly under DDP: the two runs score alike. The compiled run asks for reduce-overhead, whose CUDA graphs
+    CPU ranks cannot capture: coerced to the default mode. (The eager run is the FNO trained through torchrun,
+    which a resume with another model must not continue.)"""
     scores = {}
     for compiled in (False, True):
         run = f"compiled_{compiled}".lower()
@@ -88,11 +89,13 @@ def test_fno_under_torch_compile_compiles_around_its_transforms_and_matches_eage
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         scores[compiled] = summary(tmp_path, run)
-    assert "compile.mode=reduce-overhead captures CUDA graphs" in proc.stderr
-    assert "torch.compile(mode=default) of the DDP model" in proc.stderr
-    graphs = re.search(r"torch.compile: (\d+) graph\(s\) compiled", proc.stderr)
-    assert graphs and int(graphs.group(1)) > 0, "the compiled model ran eagerly"
-    assert "compiled no graph" not in proc.stderr
+    assert "compile.mode=reduce-overhead captures CUDA graphs" not in proc.stderr  # whole step: not the DDP model
+    assert "compile" not in scores[False]  # compile.enabled=false: no block
+    facts = scores[True].pop("compile")
+    assert facts["mode"] == "whole step" and facts["breaks"] == [] and facts["frames_skipped"] == 0, facts
+    assert 1 <= facts["graphs"] <= 3 and facts["recompiles_after_warmup"] == 0, facts  # one per rollout length
+    assert facts["ops_outside_graphs"] <= 20, facts
+    assert re.search(r"torch.compile \(whole step\): \d+ training graph\(s\) in [\d.]+ s, 0 graph break", proc.stderr)
     assert set(scores[False]) == {"advection1d", "darcy2d"}
     for task in scores[False]:
         assert scores[True][task]["nrmse"] == pytest.approx(scores[False][task]["nrmse"], rel=1e-3), task
@@ -103,6 +106,52 @@ def test_fno_under_torch_compile_compiles_around_its_transforms_and_matches_eage
     )  # fmt: skip
     assert again.returncode == 2, again.stderr[-3000:]
     assert "model.name" in again.stderr
+
+
+BREAKING = """
+import torch
+from torch import nn
+
+
+class Breaks(nn.Module):
+    def __init__(self, specs):
+        super().__init__()
+        self.nets = nn.ModuleDict({n: nn.Linear(s.in_features, s.out_channels) for n, s in specs.items()})
+        self.specs = specs
+
+    def forward(self, inputs):
+        out = {}
+        for name, x in inputs.items():
+            if self.specs[name].autoregressive:
+                x = x.movedim(1, -2).flatten(-2)
+            torch._dynamo.graph_break()  # what a print, a .item() or an unsupported call does
+            out[name] = self.nets[name](x)
+        return out
+
+
+def build(specs):
+    return Breaks(specs)
+"""
+
+
+def test_a_model_of_your_own_that_breaks_the_graph_is_reported_where_and_refused_only_when_strict(tmp_path):
+    """A break in a model's forward cannot be compiled into the whole step: the run compiles the model alone and
+    says where (the log line and summary.json's compile block); compile.strict=true stops it (exit 2) naming the
+    place instead."""
+    model = tmp_path / "breaks.py"
+    model.write_text(BREAKING)
+    line = BREAKING.splitlines().index(next(x for x in BREAKING.splitlines() if "graph_break()" in x)) + 1
+    argv = ["fit", *TINY, *folders(tmp_path), "--nproc", "1", "--set", f"model.name={model}:build",
+            "--set", "compile.enabled=true", "--set", "train.epochs=1"]  # fmt: skip
+    strict = run_cli(*argv, "--run", "strict", "--set", "compile.strict=true", timeout=240 * startup_s())
+    assert strict.returncode == 2, strict.stderr[-3000:]
+    assert f"could not trace the training step whole: a graph break at {model}:{line}" in strict.stderr
+    lenient = run_cli(*argv, timeout=240 * startup_s())
+    assert lenient.returncode == 0, lenient.stderr[-3000:]
+    assert f"a graph break at {model}:{line}: Call to `torch._dynamo.graph_break()`" in lenient.stderr
+    assert "the model is compiled alone" in lenient.stderr
+    facts = json.loads((tmp_path / "runs" / "tiny" / "report" / "compile.json").read_text())
+    assert facts["mode"] == "model" and facts["breaks"][0]["where"] == f"{model}:{line}", facts
 
 
 def test_unet_trains_unrolled_through_torchrun_and_validates_by_rollout(tmp_path):

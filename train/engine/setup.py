@@ -86,6 +86,25 @@ def compile_enabled(cfg: CompileConfig, device: torch.device) -> bool:
     return cfg.enabled if cfg.enabled != "auto" else device.type == "cuda"
 
 
+def compile_off_reason(cfg: CompileConfig, device: torch.device) -> str:
+    """Why torch.compile is off, for the compile report."""
+    if cfg.enabled == "auto":
+        return f"compile.enabled=auto compiles on CUDA only; this run is on {device.type}"
+    return "compile.enabled=false"
+
+
+def break_place(error: BaseException) -> str:
+    """Where and why dynamo could not trace a function whole: ``file:line: reason`` from its exception (the
+    innermost frame of the user code it names)."""
+    import re
+
+    text = str(error)
+    frames = re.findall(r'File "([^"]+)", line (\d+)', text)
+    where = f"{frames[-1][0]}:{frames[-1][1]}" if frames else "an unknown place"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{where}: {lines[0][:300] if lines else type(error).__name__}"
+
+
 def compile_model(ddp: nn.Module, cfg: CompileConfig, env: DistEnv, backend: str | Callable = "inductor") -> nn.Module:
     """torch.compile the DDP-wrapped model (lazily: graphs are built at the first step), or return it as is.
 

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,7 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train import checkpoint_shards
+from train import checkpoint_shards, run_files
+from train.atomic import write_json_atomic
 from train.checkpoint import (
     BEST,
     BEST_SHARDED,
@@ -49,6 +51,7 @@ from train.distributed.collectives import broadcast_from_main
 from train.distributed.env import DistEnv
 from train.distributed.shared_checkpoint import shared_checkpoint
 from train.engine import parallel
+from train.engine.compile_report import CompileWatch
 from train.engine.evaluate import validation_scores
 from train.engine.init_from import freeze, load_initial_weights
 from train.engine.loaders import (
@@ -64,16 +67,19 @@ from train.engine.nonfinite import NonFiniteSteps, skip_on_device
 from train.engine.objective import Unroll, draw_steps, unrolled_targets
 from train.engine.optim import build_optimizer
 from train.engine.setup import (
+    break_place,
     captures_graphs,
     check_no_dead_parameters,
     compile_enabled,
     compile_errors,
     compile_model,
-    compiled_graphs,
+    compile_off_reason,
+    graph_mode,
     resolve_precision,
     unused_parameters,
 )
 from train.engine.signals import StopRequest
+from train.engine.step import WholeStep, whole_step_unavailable
 from train.engine.streams import EpochStreams, draw_group, draw_probabilities, step_seed, task_draws
 from train.errors import ConfigError, DataError, Preempted
 from train.model.builtin import MODELS
@@ -97,6 +103,9 @@ def seed_step(seed: int, device: torch.device) -> None:
 class Trainer:
     """One rank's training of a run: ``fit`` for the whole loop; ``train_step``, ``state_dict`` and
     ``load_state_dict`` for callers (tests, the bench) that drive or inspect it step by step."""
+
+    compile_backend: str | Callable = "inductor"
+    """torch.compile's backend for the step (or the model): a seam for tests of a failing compiler."""
 
     def __init__(self, cfg: Config, env: DistEnv, tasks: list[TaskData], run: RunDir):
         self.cfg, self.env, self.tasks, self.run = cfg, env, tasks, run
@@ -139,23 +148,36 @@ class Trainer:
         # Tasks trained by rolling out (train.objective); DDP then wraps the rollout, run as one forward call.
         self.rolled_out = {t.name for t in tasks if t.spec.autoregressive and cfg.train.objective != "one_step"}
         self.unroll = bool(self.rolled_out)
-        trained = Unroll(self.model, self.rolled_out) if self.unroll else self.model
+        self.trained = Unroll(self.model, self.rolled_out) if self.unroll else self.model
         self.precision = resolve_precision(cfg.train.precision, env.device)
-        # Ranks drawing different tasks leave some parameters without a gradient, unless the model uses all of
-        # them whatever the task (the multi-physics model): DDP searches for them only where the probe found any.
-        find_unused = cfg.train.find_unused_parameters or (self.weighted and any(self.unused_by_task.values()))
-        self.ddp = parallel.wrap(trained, self.model, env, cfg, find_unused, self.precision)
+        self.compiling = compile_enabled(cfg.compile, env.device)
+        not_whole = whole_step_unavailable(cfg, env, self.model, self.precision) if self.compiling else None
+        whole = self.compiling and not_whole is None
+        # The whole step compiled reduces the gradients itself; otherwise DDP (or FSDP2) wraps the model.
+        self.ddp = self.trained if whole else self._wrap()
         self.sharded = parallel.is_sharded(self.model)
         self.shard_checkpoints = self.sharded and parallel.writes_shards(cfg, env, run.read_node_token())
-        self.forward = compile_model(self.ddp, cfg.compile, env)
-        self.compiling = compile_enabled(cfg.compile, env.device)
-        self.graphed = captures_graphs(cfg.compile, env)
         self.scaler = self.precision.scaler()
         self.steps = steps_per_epoch(cfg, tasks, env.world_size)
         self.micro = cfg.train.accumulate_steps
         self.optimizer, self.scheduler = build_optimizer(
             self.model.parameters(), cfg.train, self.steps * cfg.train.epochs
         )
+        self.whole_step: WholeStep | None = None
+        self.forward = self.ddp
+        if whole:
+            self.whole_step = WholeStep(
+                self.model, self._predictions, self.optimizer, cfg, env, self.names,
+                {t.name: cfg.tasks[t.name].loss_weight for t in tasks}, self.rolled_out, self.precision, self.micro,
+                graph_mode(cfg.compile, env), self.compile_backend,
+            )  # fmt: skip
+            self.watch = CompileWatch("whole step")
+        elif self.compiling:
+            self.forward = compile_model(self.ddp, cfg.compile, env, self.compile_backend)
+            self.watch = CompileWatch("model", not_whole)
+        else:
+            self.watch = CompileWatch("eager", compile_off_reason(cfg.compile, env.device))
+        self.graphed = captures_graphs(cfg.compile, env)
         self.loaders, self.samplers = training_loaders(cfg, env, tasks, self.steps * self.micro)
         weights = [cfg.tasks[n].sampling_weight for n in self.names]
         sizes = [self.samplers[n].n_items for n in self.names]
@@ -179,8 +201,56 @@ class Trainer:
         self.first_step_done: float | None = None  # wall time; launch-to-first-step is logged once
         self.first_step_logged = False
         self.timings: dict[str, float] = {}
+        self._count_tensors: dict[tuple, torch.Tensor] = {}
+        self.compile_logged = False
         """Seconds of the last checkpoint write and of the resume's load, for the next metrics record."""
         self.launched_at: float | None = None
+
+    def _wrap(self) -> nn.Module:
+        """The rollout (or the model) wrapped for several ranks by dist.parallel (DDP, FSDP2)."""
+        # Ranks drawing different tasks leave some parameters without a gradient, unless the model uses all of
+        # them whatever the task (the multi-physics model): DDP searches for them only where the probe found any.
+        find_unused = self.cfg.train.find_unused_parameters or (self.weighted and any(self.unused_by_task.values()))
+        return parallel.wrap(self.trained, self.model, self.env, self.cfg, find_unused, self.precision)
+
+    def _predictions(self, inputs: dict, latents: dict, free: int, grad: int) -> dict[str, torch.Tensor]:
+        """The predictions a step trains on: the rollout of (free, grad) steps, or one step."""
+        if self.unroll:
+            return self.forward(inputs, free, grad)
+        return predict(self.forward, inputs, latents)
+
+    def _whole_step_failed(self, error: Exception) -> None:
+        """The step could not be compiled whole; every rank meets the same failure at the same step, before any
+        update. A graph break (in a model of the user's own) is said with its place and the model is compiled
+        alone from then on; a compiler that fails leaves the step eager. compile.strict stops the run instead."""
+        from torch._dynamo.exc import Unsupported
+
+        place = break_place(error)
+        broke = isinstance(error, Unsupported)
+        if self.cfg.compile.strict and broke:
+            raise ConfigError(
+                f"torch.compile could not trace the training step whole: a graph break at {place}. Remove what "
+                "breaks the graph there (docs/models.md, 'What compiles'), or set compile.strict=false to compile the "
+                "model alone and run the rest of the step eagerly"
+            ) from None
+        if self.cfg.compile.strict:
+            raise ConfigError(
+                f"torch.compile failed ({type(error).__name__}: {str(error)[:500]}); set compile.strict=false to run "
+                "the step eagerly, or compile.enabled=false"
+            ) from None
+        self.whole_step = None
+        self.ddp = self._wrap()
+        if broke:
+            log.warning("torch.compile: a graph break at %s; the model is compiled alone, the step around it eager",
+                        place)  # fmt: skip
+            where, _, reason = place.partition(": ")
+            self.watch.add_break(f"Graph break in user code at {where}\nGraph Break Reason: {reason}")
+            self.watch.facts.mode, self.watch.facts.why = "model", f"a graph break at {where}"
+            self.forward = compile_model(self.ddp, self.cfg.compile, self.env, self.compile_backend)
+        else:
+            log.warning("torch.compile failed (%s: %s): the step runs eagerly", type(error).__name__, str(error)[:300])
+            self.watch.facts.mode, self.watch.facts.why = "eager", f"the compiler failed: {str(error)[:200]}"
+            self.forward = self.ddp
 
     # -- checkpoints ---------------------------------------------------------------------------------------
 
@@ -344,6 +414,18 @@ class Trainer:
                     self._epoch(stop, sinks, bar)
         finally:
             self.stop_workers()
+            self._report_compile()
+
+    def _report_compile(self) -> None:
+        """The compile watch's line, if not logged yet, and rank 0's record for the report."""
+        facts = self.watch.close()
+        if not self.compile_logged:
+            log.info("%s", self.watch.line())
+            self.compile_logged = True
+        if self.env.is_main and self.compiling:
+            write_json_atomic(self.run.report / run_files.COMPILE, asdict(facts))
+        elif self.env.is_main:  # an earlier launch's record must not describe this one
+            (self.run.report / run_files.COMPILE).unlink(missing_ok=True)
 
     def stop_workers(self) -> None:
         """Shut the DataLoader workers down now, whatever holds on to this trainer. They ignore SIGTERM (a stop
@@ -365,7 +447,9 @@ class Trainer:
         while s.step_in_epoch < self.steps:
             if stop.agreed():
                 self._stop_for_signal(stop)
-            window.add(*self.train_step(streams))
+            # Once warm, one whole step (with its bookkeeping) is traced: the operations outside compiled graphs.
+            with self.watch.measured() if self.watch.wants_measure() else contextlib.nullcontext():
+                window.add(*self.train_step(streams))
             self.first_step_done = self.first_step_done or time.time()
             s.step_in_epoch += 1
             s.global_step += 1
@@ -390,9 +474,7 @@ class Trainer:
         """One optimizer step over ``accumulate_steps`` micro-batches; returns (loss sums, counts, samples,
         skipped: a device bool, true when the update was skipped for non-finite gradients)."""
         cfg, env, s = self.cfg, self.env, self.state
-        sums = torch.zeros(len(self.names), device=env.device)
-        counts = torch.zeros(len(self.names), device=env.device)
-        samples = 0
+        sums, skipped, counts, samples = None, None, [0] * len(self.names), 0
         for m in range(self.micro):
             position = s.step_in_epoch * self.micro + m
             seed_step(step_seed(cfg.run.seed, env.rank, s.epoch, position), env.device)
@@ -400,32 +482,65 @@ class Trainer:
                 torch.compiler.cudagraph_mark_step_begin()
             with self.data_wait.fetching():
                 batches = streams.batches_at(position)
+            # Drawn after the step's seed, so that a resumed run draws the same.
+            free, grad = draw_steps(cfg.train) if self.unroll else (0, 1)
             last = m == self.micro - 1
-            # Gradients are all-reduced only on the last micro-batch; the others accumulate locally.
-            with contextlib.nullcontext() if last else parallel.no_sync(self.ddp):
-                losses = self._forward_backward(batches)
-            for name, loss in losses.items():
-                sums[self.names.index(name)] += loss.detach()
+            part, done = self._micro_step(batches, free, grad, last)
+            sums = part if sums is None else sums + part
+            skipped = done if done is not None else skipped
+            for name in batches:
                 counts[self.names.index(name)] += 1
             samples += sum(len(b["x"]) for b in batches.values())
-        skipped = self._optimizer_step(sums)
-        return sums, counts, samples, skipped
+        if self.whole_step is None:
+            skipped = self._optimizer_step(sums)
+        else:
+            self.nonfinite.record(self.state.global_step + 1, skipped, sums)
+            self.scheduler.step()
+            self.whole_step.set_lr()
+        return sums, self._counts(counts), samples, skipped
 
-    def _forward_backward(self, batches: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    def _micro_step(self, batches: dict, free: int, grad: int, last: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One micro-batch's loss sums (names' order) and, from the whole step's last, whether it skipped."""
         device = self.env.device
-        inputs = {n: b["x"].to(device, non_blocking=True) for n, b in batches.items()}
-        latents = {n: b["z"].to(device, non_blocking=True) for n, b in batches.items() if "z" in b}
-        targets = {n: b["y"].to(device, non_blocking=True) for n, b in batches.items()}
+        batches = {n: {k: v.to(device, non_blocking=True) for k, v in b.items()} for n, b in batches.items()}
+        if self.whole_step is not None:
+            kind = (free, grad, tuple(batches), last)
+            try:
+                with self._watched(kind):
+                    return self.whole_step.run(batches, free, grad, last)
+            except compile_errors() as e:
+                self._whole_step_failed(e)
+        # Gradients are all-reduced only on the last micro-batch; the others accumulate locally.
+        with contextlib.nullcontext() if last else parallel.no_sync(self.ddp), self._watched((free, grad, last)):
+            losses = self._forward_backward(batches, free, grad)
+        sums = torch.zeros(len(self.names), device=device)
+        for name, loss in losses.items():
+            sums[self.names.index(name)] += loss.detach()
+        return sums, None
+
+    def _watched(self, kind) -> contextlib.AbstractContextManager:
+        """A step counted by the compile watch (graphs compiled, recompiles, seconds)."""
+        return contextlib.nullcontext() if self.watch.facts.mode == "eager" else self.watch.step(kind)
+
+    def _counts(self, counts: list[int]) -> torch.Tensor:
+        """The tasks' micro-batch counts of a step as a device tensor, made once per pattern: a tensor built from a
+        list each step would wait for the GPU (a copy from pageable memory)."""
+        key = tuple(counts)
+        if key not in self._count_tensors:
+            self._count_tensors[key] = torch.tensor(key, dtype=torch.float32, device=self.env.device)
+        return self._count_tensors[key]
+
+    def _forward_backward(self, batches: dict[str, dict[str, torch.Tensor]], free: int, grad: int) -> dict:
+        inputs = {n: b["x"] for n, b in batches.items()}
+        latents = {n: b["z"] for n, b in batches.items() if "z" in b}
+        targets = {n: b["y"] for n, b in batches.items()}
         try:
             with self.precision.autocast():
-                if self.unroll:  # drawn after the step's seed, so a resumed run draws the same
-                    free, grad = draw_steps(self.cfg.train)
-                    preds = self.forward(inputs, free, grad)
-                    targets = {
-                        n: unrolled_targets(y, free, grad) if n in self.rolled_out else y for n, y in targets.items()
-                    }
-                else:
-                    preds = predict(self.forward, inputs, latents)
+                preds = self._predictions(inputs, latents, free, grad)
+            if self.unroll:
+                targets = {
+                    n: unrolled_targets(y, free, grad) if n in self.rolled_out else y for n, y in targets.items()
+                }
             losses = {n: task_loss(preds[n], targets[n]) for n in batches}
             loss = sum(self.weights[n] * v for n, v in losses.items()) / self.micro
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
@@ -438,12 +553,6 @@ class Trainer:
                     "what fails eagerly, or compile.enabled=false"
                 ) from None
             raise
-        if self.compiling and self.state.global_step == 0 and self.env.is_main:
-            graphs = compiled_graphs()
-            if graphs:
-                log.info("torch.compile: %d graph(s) compiled", graphs)
-            else:
-                log.warning("torch.compile compiled no graph: training runs eagerly (see the log above for why)")
         return losses
 
     def _reduction_error(self, batches: dict) -> ConfigError:
@@ -557,6 +666,9 @@ class Trainer:
         record.update(self.timings)
         self.timings.clear()
         self.first_step_logged = True
+        if not self.compile_logged and (self.watch.facts.ops_outside_graphs is not None or not self.compiling):
+            log.info("%s", self.watch.line())  # once warm: what compiled, and what a step still runs eagerly
+            self.compile_logged = True
         sinks.write(record)
         said = lambda v, digits: f"{v:.{digits}g}" if isinstance(v, float) else str(v)  # noqa: E731
         loss = said(record["loss"], 4) if record["loss"] is not None else SKIPPED

@@ -6,14 +6,15 @@ coordinates) to ``width`` channels, applies ``layers`` spectral layers (a convol
 point to the output channels through a hidden layer of 128. The prediction is the next frame itself (or the
 steady solution), as in PDEBench. Tasks of different dimensions share nothing.
 
-The Fourier transforms run in fp32 whatever autocast asks for: cuFFT has no bf16 transform, and fp16 ones only
-for power-of-two sizes.
+The spectral layers keep the lowest modes only and compute their transforms as truncated DFTs (matrix products),
+in fp32 whatever autocast asks for: the whole network is plain tensor arithmetic, which torch.compile traces as
+one graph and ONNX exports as it is.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
+import math
 
 import torch
 from torch import nn
@@ -24,19 +25,40 @@ from train.model.specs import TaskSpec
 PROJECTION_WIDTH = 128
 
 
-def eager_under_compile(fn):
-    """``torch.compiler.disable(fn)``, made at the first call rather than at import: the decorator imports
-    dynamo (and sympy), seconds of every process that imports the models (the launcher, each rank) when nothing
-    compiles at all."""
+def _angles(kept: list[int], n: int) -> torch.Tensor:
+    """2 pi k j / N for each kept frequency k (rows) and grid point j (columns), k j reduced mod N exactly (in
+    float64: a float32 angle of a large k j loses its low digits)."""
+    k = torch.tensor(kept, dtype=torch.float64)[:, None]
+    j = torch.arange(n, dtype=torch.float64)[None]
+    return 2 * math.pi * torch.remainder(k * j, n) / n
 
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        disabled = getattr(fn, "_eager_under_compile", None)
-        if disabled is None:
-            disabled = fn._eager_under_compile = torch.compiler.disable(fn)
-        return disabled(*args, **kwargs)
 
-    return call
+def dft_bases(modes: tuple[int, ...], sizes: tuple[int, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """Per axis, the truncated DFT of the kept frequencies as float32 matrices: (forward cos, forward sin,
+    inverse cos, inverse sin), the forward ones (kept, n), the inverse ones (n, kept). Kept: the lowest m and the
+    highest m of every axis but the last, the lowest m of the last, where the inverse folds a half spectrum as
+    irfft does (each frequency counts twice, but the mean and, for an even n, the Nyquist frequency)."""
+    kept = [[*range(m), *range(n - m, n)] for m, n in zip(modes[:-1], sizes[:-1], strict=True)]
+    kept.append(list(range(modes[-1])))
+    bases = []
+    for axis, (k, n) in enumerate(zip(kept, sizes, strict=True)):
+        theta = _angles(k, n)
+        if axis < len(sizes) - 1:
+            scale = torch.full((len(k),), 1.0 / n, dtype=torch.float64)
+        else:
+            scale = torch.tensor([1.0 if f == 0 or 2 * f == n else 2.0 for f in k], dtype=torch.float64) / n
+        cos, sin = torch.cos(theta), torch.sin(theta)
+        inverse = ((cos * scale[:, None]).T, (sin * scale[:, None]).T)
+        bases.append(tuple(t.float().contiguous() for t in (cos, sin, *inverse)))
+    return bases
+
+
+def _along(x: torch.Tensor, matrix: torch.Tensor, dim: int) -> torch.Tensor:
+    """``matrix`` (out, in) applied along ``dim`` of ``x``."""
+    return torch.matmul(x.movedim(dim, -1), matrix.t()).movedim(-1, dim)
+
+
+BASES = ("fwd_cos", "fwd_sin", "inv_cos", "inv_sin")
 
 
 class SpectralConv(nn.Module):
@@ -46,36 +68,70 @@ class SpectralConv(nn.Module):
     highest m (negative) frequencies, every combination of them a block of weights of its own, each with modes
     0..m_last-1 of the last axis: 2 blocks in 2D, 4 in 3D, as PDEBench's SpectralConv2d_fast and
     SpectralConv3d.
+
+    Computed in real arithmetic. Only the kept modes matter, so the transforms are a truncated DFT along each axis
+    (matrix products with the kept frequencies' cosines and sines) and the complex weights are their real and
+    imaginary parts: ``irfftn(W * rfftn(x))`` to float32 rounding, at O(n * modes) per axis (cheap for truncated
+    modes). Being matrix products only, it is traced whole by torch.compile, forward and backward (inductor
+    generates no code for complex tensors, and a complex layer's compiled backward failed on torch 2.13), and
+    exported to ONNX as it is (ONNX has no complex tensors). The transforms run in fp32 under autocast, as an FFT
+    would (cuFFT has no bf16 transform). ``sizes``: the grid the layer is built for (the FNO's padded grid), whose
+    matrices it keeps; another size gets its matrices computed at the call.
     """
 
-    def __init__(self, width: int, modes: tuple[int, ...]):
+    def __init__(self, width: int, modes: tuple[int, ...], sizes: tuple[int, ...] | None = None):
         super().__init__()
-        self.modes = modes
+        self.modes = tuple(modes)
         # (low or high, ...) along each axis but the last, in PDEBench's order of weights1, weights2, ...
         self.corners = [c[::-1] for c in itertools.product((False, True), repeat=len(modes) - 1)]
         blocks = len(self.corners)
         scale = 1 / (width * width)
         # Complex weights held as (..., 2) real tensors: every optimizer and collective handles real tensors.
         self.weights = nn.Parameter(scale * torch.rand(blocks, width, width, *modes, 2))
+        self.sizes = tuple(sizes) if sizes is not None else None
+        for axis, matrices in enumerate(dft_bases(self.modes, self.sizes) if self.sizes else ()):
+            for name, matrix in zip(BASES, matrices, strict=True):  # not saved: a checkpoint holds the weights
+                self.register_buffer(f"{name}{axis}", matrix, persistent=False)
 
-    # Runs eagerly under torch.compile (a graph break around it): the compiled backward of complex tensors fails
-    # (torch 2.13: "must be 1 to view ComplexFloat as Float"), while the layers around it compile.
-    @eager_under_compile
+    def _bases(self, sizes: tuple[int, ...], like: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        if sizes == self.sizes:
+            return [tuple(getattr(self, f"{name}{axis}") for name in BASES) for axis in range(len(sizes))]
+        return [tuple(m.to(like.device) for m in axis) for axis in dft_bases(self.modes, sizes)]
+
+    def _placed_weights(self) -> torch.Tensor:
+        """(in, out, *kept, 2): the blocks placed along the kept frequencies, the low ones first on each axis."""
+        blocks = dict(zip(self.corners, self.weights.float().unbind(0), strict=True))
+
+        def place(prefix: tuple[bool, ...]) -> torch.Tensor:
+            if len(prefix) == len(self.modes) - 1:
+                return blocks[prefix]
+            return torch.cat([place((*prefix, False)), place((*prefix, True))], dim=2 + len(prefix))
+
+        return place(())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dims = tuple(range(2, x.dim()))
+        dims = x.dim() - 2
         with torch.autocast(x.device.type, enabled=False):
-            spectrum = torch.fft.rfftn(x.float(), dim=dims)
-            w = torch.view_as_complex(self.weights.float())
-            out = torch.zeros_like(spectrum)
-            axes = "xyz"[: len(self.modes)]
-            for block, corner in enumerate(self.corners):
-                index = (
-                    slice(None), slice(None),
-                    *[slice(-m, None) if high else slice(None, m) for high, m in zip(corner, self.modes, strict=False)],
-                    slice(None, self.modes[-1]),
-                )  # fmt: skip
-                out[index] = torch.einsum(f"bi{axes},io{axes}->bo{axes}", spectrum[index], w[block])
-            return torch.fft.irfftn(out, s=x.shape[2:], dim=dims)
+            bases = self._bases(tuple(x.shape[2:]), x)
+            re, im = x.float(), None
+            for axis, (cos, sin, _, _) in enumerate(bases):  # X_k = sum_j x_j (cos - i sin)
+                dim = 2 + axis
+                if im is None:
+                    re, im = _along(re, cos, dim), -_along(re, sin, dim)
+                else:
+                    re, im = _along(re, cos, dim) + _along(im, sin, dim), _along(im, cos, dim) - _along(re, sin, dim)
+            w = self._placed_weights()
+            letters = "xyz"[:dims]
+            mix = f"bi{letters},io{letters}->bo{letters}"
+            re, im = (
+                torch.einsum(mix, re, w[..., 0]) - torch.einsum(mix, im, w[..., 1]),
+                torch.einsum(mix, re, w[..., 1]) + torch.einsum(mix, im, w[..., 0]),
+            )
+            for axis, (_, _, cos, sin) in enumerate(bases[:-1]):  # y_j = 1/N sum_k Y_k (cos + i sin)
+                dim = 2 + axis
+                re, im = _along(re, cos, dim) - _along(im, sin, dim), _along(im, cos, dim) + _along(re, sin, dim)
+            _, _, cos, sin = bases[-1]
+            return _along(re, cos, 1 + dims) - _along(im, sin, 1 + dims)
 
 
 class FNO(nn.Module):
@@ -96,7 +152,7 @@ class FNO(nn.Module):
         limits = [n // 2 for n in padded[:-1]] + [padded[-1] // 2 + 1]
         modes = tuple(min(cfg.modes, limit) for limit in limits)
         self.lift = nn.Linear(spec.in_features + dims, cfg.width)
-        self.spectral = nn.ModuleList(SpectralConv(cfg.width, modes) for _ in range(cfg.layers))
+        self.spectral = nn.ModuleList(SpectralConv(cfg.width, modes, tuple(padded)) for _ in range(cfg.layers))
         conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[dims - 1]
         self.pointwise = nn.ModuleList(conv(cfg.width, cfg.width, 1) for _ in range(cfg.layers))
         self.project = nn.Sequential(

@@ -25,7 +25,7 @@ def patchify(x: torch.Tensor, patch: int) -> torch.Tensor:
     x = x.reshape(*shape, c)
     # Move patch-grid axes first, in-patch axes after them: (b, n1, n2, .., p1, p2, .., c).
     order = [0, *range(1, 2 * d, 2), *range(2, 2 * d + 1, 2), 2 * d + 1]
-    return x.permute(order).reshape(b, math.prod(n // patch for n in grid), patch**d * c)
+    return x.permute(order).reshape(b, math.prod([n // patch for n in grid]), patch**d * c)
 
 
 def unpatchify(tokens: torch.Tensor, grid: tuple[int, ...], patch: int) -> torch.Tensor:

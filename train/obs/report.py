@@ -18,6 +18,8 @@ from train.obs import plots
 log = logging.getLogger(__name__)
 
 LOSS_PNG = "loss.png"
+COMPILE_KEY = "compile"
+"""summary.json's block of what torch.compile did (the other keys are tasks; no task may be named so)."""
 GROWTH_PNG = "error_growth.png"
 # Every metric evaluation computes (train.engine.metrics.KEYS), as a column heading.
 HEADINGS = {
@@ -78,7 +80,8 @@ def write_report(
         }
         for name, r in results.items()
     }
-    write_json_atomic(report / run_files.SUMMARY, summary)
+    compiled = _compile_block(report)
+    write_json_atomic(report / run_files.SUMMARY, {**summary, **({COMPILE_KEY: compiled} if compiled else {})})
 
 
 def _with_origins(splits: dict[str, dict], origins: dict[str, dict]) -> dict[str, dict]:
@@ -301,5 +304,13 @@ def report_is_current(run_dir: Path, checkpoint: Path | None) -> bool:
 
 
 def read_summary(run_dir: Path) -> dict[str, dict]:
-    """The per-task metrics of the run's report (report/summary.json)."""
-    return json.loads((run_dir / run_files.REPORT / run_files.SUMMARY).read_text())
+    """The per-task metrics of the run's report (report/summary.json), without its compile block."""
+    summary = json.loads((run_dir / run_files.REPORT / run_files.SUMMARY).read_text())
+    return {name: r for name, r in summary.items() if name != COMPILE_KEY}
+
+
+def _compile_block(report: Path) -> dict | None:
+    try:
+        return json.loads((report / run_files.COMPILE).read_text())
+    except (OSError, ValueError):
+        return None

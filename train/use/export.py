@@ -6,8 +6,8 @@ initial_step, *grid, in_channels) (a steady task: (batch, *grid, in_channels)) t
 each prediction back as the newest input frame (a Well task's constant channels carried over). Per task,
 because the tasks of a run share weights (the transformer) but not shapes.
 
-- ``onnx``: ``torch.onnx.export`` (the dynamo exporter), opset 18. The FNO's spectral layers are exported in
-  real arithmetic (train.use.spectral_real): ONNX has no complex tensors.
+- ``onnx``: ``torch.onnx.export`` (the dynamo exporter), opset 18. The FNO's spectral layers compute in real
+  arithmetic (truncated DFTs, train.model.fno): ONNX has no complex tensors, and none is needed.
 - ``torchscript``: ``torch.jit.trace``, the same graph, for ``torch.jit.load`` without this package.
 
 Every file is checked before it gets its name: the graph that was captured is run on a batch of another size
@@ -29,7 +29,6 @@ from torch import nn
 from train.atomic import atomic_path, write_json_atomic
 from train.errors import ConfigError, TrainError
 from train.use.outputs import check_output
-from train.use.spectral_real import with_real_spectra
 from train.use.surrogate import Surrogate, TaskCard
 
 log = logging.getLogger(__name__)
@@ -63,11 +62,9 @@ class OneStep(nn.Module):
 
 
 def exportable(surrogate: Surrogate, card: TaskCard) -> tuple[OneStep, OneStep]:
-    """The task's step as a float32 CPU module of real arithmetic only, and the model's own step it must equal."""
+    """The task's step as a float32 CPU module to export, and the model's own step it must equal."""
     reference = OneStep(copy.deepcopy(surrogate.model).float().cpu().eval(), card).eval()
-    model = copy.deepcopy(reference.model)
-    with_real_spectra(model)
-    return OneStep(model, card).eval(), reference
+    return OneStep(copy.deepcopy(reference.model), card).eval(), reference
 
 
 @contextlib.contextmanager
