@@ -52,14 +52,16 @@ def run_ranks(fn: Callable, world_size: int, *args) -> None:
 
 
 def run_cli(*args: str, cwd: Path = REPO, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m train ARGS`` in a subprocess; returns the completed process (never raises on failure)."""
+    """``python -m train ARGS`` in a subprocess; returns the completed process (never raises on failure).
+    ``env``: variables to set, or to unset where the value is None."""
+    environ = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "train", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **(env or {})},
+        env={k: v for k, v in environ.items() if v is not None},
     )
 
 

@@ -161,6 +161,9 @@ def main(pytest_args: list[str]) -> int:
         # single-rank launch) would spin its OpenMP threads against the other tier's ranks, and two ranks in
         # lockstep wait for each other's time slices. One thread each, as torchrun gives each of 2 ranks here.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # Compiled code for every tier's processes in one place (the launcher's default is each run's cache
+        # folder, so that a resume finds it): a step compiled once by a test is loaded, not compiled, by the next.
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(folder) / "compiled"))
         # Some 500 processes import the package: compiled once here, not by each of them where
         # PYTHONDONTWRITEBYTECODE is set (pip compiles what it installs, not an editable install's source).
         for package in ("train", "tests"):

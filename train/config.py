@@ -472,14 +472,17 @@ class TrainConfig(Section):
 
 class CompileConfig(Section):
     enabled: bool | Literal["auto"] = "auto"
-    """torch.compile the DDP-wrapped model: true, false, or auto (on with CUDA; off on CPU, where compiling
-    costs more than it saves at these model sizes)."""
+    """torch.compile the whole training step (rollout, loss, gradients and their all-reduce, clipping, AdamW;
+    the model alone where a strategy or model rules that out): true, false, or auto (on with CUDA; off on CPU,
+    where compiling a default-sized run costs about what it saves: docs/benchmarks.md, 'Compiled step')."""
     mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
-    """torch.compile mode. Modes that capture CUDA graphs (reduce-overhead, max-autotune) are coerced with a
-    warning to their graph-free variant (default, max-autotune-no-cudagraphs): the model is always wrapped in
-    DDP, and a replayed CUDA graph skips DDP's gradient hooks, so gradients would not be synchronised."""
+    """torch.compile mode. reduce-overhead replays the whole step as a CUDA graph with one process; with several,
+    or where the model is compiled alone under DDP (whose gradient hooks a replayed CUDA graph would skip), the
+    modes that capture CUDA graphs run as their graph-free variant (default, max-autotune-no-cudagraphs)."""
     strict: bool = False
-    """Fail when compiling fails; by default the failing code runs eagerly, with a warning."""
+    """Stop (exit 2) when the step cannot be compiled whole (a graph break, named with its place) or compiling
+    fails; by default a break compiles the model alone and a failing compiler runs the step eagerly, each with a
+    warning."""
 
 
 class DistConfig(Section):

@@ -73,3 +73,13 @@ def test_the_bare_loop_really_shards_under_fsdp(bench, monkeypatch):
     settings = bench.settings(4, 4, on_device=True, mode=None, objective="one_step")
     bench.bare([*settings, "dist.parallel=fsdp"], 4, strategy="fsdp")
     assert seen and all(seen)
+
+
+def test_the_launch_count_traces_one_steady_step(bench):
+    """On a GPU: graph replays, kernel launches and copies of one steady step; on this CPU the trace has no CUDA
+    calls, and its kernel-level operations outside compiled graphs (an eager step here: all of them) are counted."""
+    from train.bench.gpu_perf import launches_per_step
+
+    result = launches_per_step(bench, 4, None, warmup=2)
+    assert result["graph"] == result["kernel"] == result["copy"] == 0 and not result["target_met"]
+    assert result["ops_outside_graphs"] > 100, result

@@ -51,16 +51,18 @@ def test_the_meta_device_count_is_the_built_models(name):
 )
 def test_the_real_spectral_layer_equals_the_fft_one(sizes, modes):
     """Odd and even sizes, the Nyquist mode of the last axis kept (20 // 2 + 1 = 11), all corners in 3D: the
-    truncated DFTs equal ``irfftn(W * rfftn(x))``, the layer as it was computed before, to float32 rounding,
-    whether the layer was built for the input's size or not."""
+    truncated DFTs (what torch.compile and export trace) equal ``irfftn(W * rfftn(x))`` (what runs eagerly, as it
+    always did) to float32 rounding, whether the layer was built for the input's size or not."""
     for built in (sizes, None):
         torch.manual_seed(0)
         conv = SpectralConv(5, modes, built)
         conv.weights.data = torch.randn_like(conv.weights)
         x = torch.randn(3, 5, *sizes)
         with torch.no_grad():
-            want, got = fft_spectral(conv, x), conv(x)
+            want, got, eager = fft_spectral(conv, x), conv._dft(x), conv(x)
         assert (got - want).abs().max() <= 1e-6 * want.abs().max()
+        assert torch.equal(eager, want)  # eagerly the layer is the FFT's
+        assert list(conv.state_dict()) == ["weights"]  # the DFT matrices are not saved: checkpoints load as before
 
 
 def fft_spectral(conv: SpectralConv, x: torch.Tensor) -> torch.Tensor:

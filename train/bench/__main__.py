@@ -3,6 +3,8 @@ benchmarks, each writing NAME.json/.md to --out.
 
 - cache-io: data loading, our mmap cache against per-sample h5py and shared memory (train/bench/cache_io.py);
 - trainer: our trainer's step time against a bare DDP loop (train/bench/trainer_step.py);
+- compile: the whole step compiled against the eager step on a small, host-bound FNO, and configs/default.yaml from
+  the command to the report both ways (train/bench/compiled_step.py);
 - models: each built-in model and training objective at the same time budget, test nRMSE (train/bench/models.py);
 - remote: the trainer's step time with and without a slow remote mirroring its checkpoints (train/bench/remote.py);
 - well: configs/well.yaml from nothing, timed, one-step VRMSE against the baseline (train/bench/well.py);
@@ -16,7 +18,7 @@ benchmarks, each writing NAME.json/.md to --out.
   (train/bench/sweep.py);
 - parallel: ddp, fsdp and hsdp on 2 and 4 CPU ranks: model state per rank, step time, checkpoint write and load,
   sharded and full (train/bench/parallel.py);
-- all (the default, also when only options are given): all ten (not scale), with their default sizes.
+- all (the default, also when only options are given): all eleven (not scale), with their default sizes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from train.bench import (
     cache_io,
+    compiled_step,
     finetune,
     models,
     operators,
@@ -41,12 +44,13 @@ from train.bench import (
 from train.errors import TrainError
 
 COMMANDS = (
-    "cache-io", "trainer", "models", "remote", "well", "operators", "finetune", "pretrain", "sweep", "parallel",
-    "scale", "all",
-)  # fmt: skip
+    *("cache-io", "trainer", "compile", "models", "remote", "well", "operators", "finetune", "pretrain", "sweep"),
+    *("parallel", "scale", "all"),
+)
 # Each benchmark's own options and their defaults (``all`` runs both with these).
 CACHE_IO = {"cache_gb": 1.1, "steps": 400, "h5py_steps": 40, "warmup": 5}
 TRAINER = {"steps": 150, "warmup": 20, "repeats": 5}
+COMPILE = {"steps": 300, "warmup": 60, "repeats": 3}
 MODELS = {"budget_s": 150.0}  # about the training time of `make train`
 REMOTE = {"steps": 150, "warmup": 20, "repeats": 3, "rate_mb_s": 2.0}
 LOG_EVERY = 10  # the trainer's logging window in the benchmark: several in the timed steps, each costing little
@@ -78,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmup", type=int, default=TRAINER["warmup"], help=f"untimed steps first (a multiple of {LOG_EVERY})"
     )
     tr.add_argument("--repeats", type=int, default=TRAINER["repeats"], help="launches of each loop, alternating")
+    co = sub.add_parser("compile", help=compiled_step.__doc__.splitlines()[0])
+    _common(co)
+    co.add_argument("--steps", type=int, default=COMPILE["steps"], help="timed steps per launch")
+    co.add_argument("--warmup", type=int, default=COMPILE["warmup"], help="untimed steps first (compiling among them)")
+    co.add_argument("--repeats", type=int, default=COMPILE["repeats"], help="launches of each, alternating")
+    co.add_argument("--default-run", action="store_true", help="also configs/default.yaml both ways (tens of minutes)")
     mo = sub.add_parser("models", help=models.__doc__.splitlines()[0])
     _common(mo)
     mo.add_argument("--budget-s", type=float, default=MODELS["budget_s"], help="seconds of training per entry")
@@ -129,6 +139,17 @@ def trainer_main(args: argparse.Namespace) -> dict:
         args.out, args.workdir, o["steps"], o["warmup"], o["repeats"], args.quick, log_every=log_every
     )
     print((args.out / "trainer_step.md").read_text(), flush=True)
+    return result
+
+
+def compile_main(args: argparse.Namespace) -> dict:
+    o = _options(args, COMPILE)
+    if args.quick:
+        o = {"steps": 6, "warmup": 4, "repeats": 1}
+    result = compiled_step.run(
+        args.out, args.workdir, o["steps"], o["warmup"], o["repeats"], getattr(args, "default_run", False), args.quick
+    )
+    print((args.out / "compiled_step.md").read_text(), flush=True)
     return result
 
 
@@ -209,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {
         "cache-io": [cache_io_main],
         "trainer": [trainer_main],
+        "compile": [compile_main],
         "models": [models_main],
         "remote": [remote_main],
         "well": [well_main],
@@ -221,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         "all": [
             cache_io_main,
             trainer_main,
+            compile_main,
             models_main,
             remote_main,
             well_main,

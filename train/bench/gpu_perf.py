@@ -6,7 +6,9 @@
 - ``against_bare``: the trainer against a bare loop holding the same data on the device (same model, batches,
   optimizer, loss, clipping and precision), alternated in this process: the ratio of their step times;
 - ``no_sync``: 50 steady steps of the trainer under ``torch.cuda.set_sync_debug_mode("error")``: any operation
-  that makes the host wait for the GPU inside a step raises.
+  that makes the host wait for the GPU inside a step raises;
+- ``launches_per_step``: the GPU launches of one steady step from a profiler trace (graph replays, kernel
+  launches, copies) and its kernel-level operations outside compiled graphs.
 
 Each trainer run is the real :class:`~train.engine.trainer.Trainer` of one process (a process group of one),
 its figures the metrics records it writes; the data is gpu.yaml's advection task at PDEBench's published size.
@@ -267,6 +269,42 @@ def no_sync(bench: Bench, batch: int, mode: str | None, checked: int = 50, warmu
         return {"passed": False, "steps_checked": seen["checked"], "error": str(e)[:1500]}
     return {"passed": seen["checked"] == checked, "steps_checked": seen["checked"], "batch": batch,
             "mode": mode or "eager", "checked_on": str(bench.device)}  # fmt: skip
+
+
+def launches_per_step(bench: Bench, batch: int, mode: str | None, warmup: int = 20) -> dict:
+    """The GPU launches of one steady step (graph replays, kernels, copies) and its kernel-level operations
+    outside compiled graphs, from a profiler trace of the trainer's step ``warmup + 1``, pushforward, data on the
+    device. Target with the whole step graphed: at most 1 graph launch plus 10 other launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from train.engine.compile_report import launches, ops_outside_graphs
+
+    settings = bench.settings(batch, warmup + 10, on_device=True, mode=mode, objective="pushforward")
+    seen: dict = {"steps": 0}
+
+    def arm(trainer) -> None:
+        step = trainer.train_step
+
+        def traced(streams):
+            seen["steps"] += 1
+            if seen["steps"] != warmup + 1:
+                return step(streams)
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.device.type == "cuda" else [])
+            with profile(activities=activities) as prof:
+                out = step(streams)
+                if bench.device.type == "cuda":
+                    torch.cuda.synchronize()
+            events = prof.events()
+            seen.update(launches(events), ops_outside_graphs=ops_outside_graphs(events))
+            return out
+
+        trainer.train_step = traced
+
+    bench.trainer("launches", settings, during=arm)
+    counts = {k: seen.get(k) for k in ("graph", "kernel", "copy", "ops_outside_graphs")}
+    other = (counts["kernel"] or 0) + (counts["copy"] or 0)
+    return {"batch": batch, "mode": mode or "eager", **counts,
+            "target_met": bench.device.type == "cuda" and (counts["graph"] or 0) <= 1 and other <= 10}  # fmt: skip
 
 
 def best(rows: list[dict], **match) -> dict | None:

@@ -195,3 +195,19 @@ def ops_outside_graphs(events) -> int:
             parent = parent.cpu_parent
         count += not compiled
     return count
+
+
+LAUNCHES = {"graph": ("cudaGraphLaunch",), "kernel": ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"),
+            "copy": ("cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemcpy")}  # fmt: skip
+"""The CUDA runtime calls of a profiler trace that launch work on the GPU, by kind."""
+
+
+def launches(events) -> dict[str, int]:
+    """The GPU launches of a profiler trace by kind (graph replays, kernels, copies): what the host issues per
+    step, which bounds a small model's step on a fast GPU."""
+    counts = dict.fromkeys(LAUNCHES, 0)
+    for e in events:
+        for kind, names in LAUNCHES.items():
+            if e.name.startswith(names):
+                counts[kind] += 1
+    return counts

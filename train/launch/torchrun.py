@@ -34,6 +34,10 @@ from train.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
+COMPILED_CACHE = "compiled"
+"""The folder under run.cache_dir that holds torch.compile's caches (TORCHINDUCTOR_CACHE_DIR, unless set)."""
+_CACHE_DIR_GIVEN = "TORCHINDUCTOR_CACHE_DIR" in os.environ  # by the user, before this process imported inductor
+
 # What a signal usually means here, for the failure summary.
 SIGNAL_HINTS = {
     signal.SIGBUS: "often /dev/shm exhausted (Docker defaults to 64 MB: run with --shm-size or ipc: host; "
@@ -282,6 +286,10 @@ def launch(
     # those this process may run on (a SLURM cpuset, a sweep's share of the machine), not all the machine's.
     cores = len(os.sched_getaffinity(0))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(os.environ, cores, nproc)))
+    # Compiled code (inductor's FX graph and autograd caches, Triton's kernels) beside the run's caches, not in a
+    # temporary folder a reboot or a new container empties: a resumed run loads its step instead of compiling it.
+    if not _CACHE_DIR_GIVEN:  # inductor itself sets the variable to its /tmp default once it has looked
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(cfg.run.cache_dir).resolve() / COMPILED_CACHE)
     # Lines a rank prints (native crashes, NCCL) are prefixed with its global rank on the console.
     if topology.multi_node:
         # torchrun's ${rank} is its own numbering, not the ranks' (below): name the node and the local rank

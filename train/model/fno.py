@@ -58,7 +58,14 @@ def _along(x: torch.Tensor, matrix: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.matmul(x.movedim(dim, -1), matrix.t()).movedim(-1, dim)
 
 
-BASES = ("fwd_cos", "fwd_sin", "inv_cos", "inv_sin")
+def _pointwise(conv: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The 1x1 convolution. Traced, as the matrix product it is (its weights as they are held): oneDNN's compiled
+    convolution of a small model's few channels cost several times the product, its backward most. Eagerly, the
+    convolution itself (the product's channels-last result slowed the FFTs after it)."""
+    if not torch.compiler.is_compiling():
+        return conv(h)
+    out = torch.matmul(h.movedim(1, -1), conv.weight.flatten(1).t()) + conv.bias
+    return out.movedim(-1, 1)
 
 
 class SpectralConv(nn.Module):
@@ -69,14 +76,15 @@ class SpectralConv(nn.Module):
     0..m_last-1 of the last axis: 2 blocks in 2D, 4 in 3D, as PDEBench's SpectralConv2d_fast and
     SpectralConv3d.
 
-    Computed in real arithmetic. Only the kept modes matter, so the transforms are a truncated DFT along each axis
-    (matrix products with the kept frequencies' cosines and sines) and the complex weights are their real and
-    imaginary parts: ``irfftn(W * rfftn(x))`` to float32 rounding, at O(n * modes) per axis (cheap for truncated
-    modes). Being matrix products only, it is traced whole by torch.compile, forward and backward (inductor
-    generates no code for complex tensors, and a complex layer's compiled backward failed on torch 2.13), and
-    exported to ONNX as it is (ONNX has no complex tensors). The transforms run in fp32 under autocast, as an FFT
-    would (cuFFT has no bf16 transform). ``sizes``: the grid the layer is built for (the FNO's padded grid), whose
-    matrices it keeps; another size gets its matrices computed at the call.
+    Traced (torch.compile, TorchScript, ONNX), it computes in real arithmetic. Only the kept modes matter, so the
+    transforms are a truncated DFT along each axis (matrix products with the kept frequencies' cosines and sines)
+    and the complex weights are their real and imaginary parts: ``irfftn(W * rfftn(x))`` to float32 rounding, at
+    O(n * modes) per axis. Being matrix products only, it is traced whole by torch.compile, forward and backward
+    (inductor generates no code for complex tensors, and a complex layer's compiled backward failed on torch
+    2.13), and exported as it is (ONNX has no complex tensors). Eagerly it runs the FFT, which costs less on a 2D
+    grid. Either way the transforms run in fp32 under autocast (cuFFT has no bf16 transform). ``sizes``: the grid
+    the layer is built for (the FNO's padded grid), whose DFT matrices it keeps; another size gets its matrices
+    computed at the call.
     """
 
     def __init__(self, width: int, modes: tuple[int, ...], sizes: tuple[int, ...] | None = None):
@@ -89,13 +97,19 @@ class SpectralConv(nn.Module):
         # Complex weights held as (..., 2) real tensors: every optimizer and collective handles real tensors.
         self.weights = nn.Parameter(scale * torch.rand(blocks, width, width, *modes, 2))
         self.sizes = tuple(sizes) if sizes is not None else None
-        for axis, matrices in enumerate(dft_bases(self.modes, self.sizes) if self.sizes else ()):
-            for name, matrix in zip(BASES, matrices, strict=True):  # not saved: a checkpoint holds the weights
-                self.register_buffer(f"{name}{axis}", matrix, persistent=False)
+        # The DFT matrices of ``sizes``: no buffers (a checkpoint holds the weights alone, and DDP would broadcast
+        # every buffer at every forward), moved with the module by _apply.
+        self.bases = dft_bases(self.modes, self.sizes) if self.sizes else None
+
+    def _apply(self, fn, recurse: bool = True):
+        module = super()._apply(fn, recurse)
+        if self.bases is not None:  # .to(device), .cuda(), .cpu(): the matrices go where the weights go
+            self.bases = [tuple(fn(m) for m in axis) for axis in self.bases]
+        return module
 
     def _bases(self, sizes: tuple[int, ...], like: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
         if sizes == self.sizes:
-            return [tuple(getattr(self, f"{name}{axis}") for name in BASES) for axis in range(len(sizes))]
+            return self.bases
         return [tuple(m.to(like.device) for m in axis) for axis in dft_bases(self.modes, sizes)]
 
     def _placed_weights(self) -> torch.Tensor:
@@ -109,7 +123,48 @@ class SpectralConv(nn.Module):
 
         return place(())
 
+    def _mix(self, re: torch.Tensor, im: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each kept mode's (b, in) spectrum times its (in, out) complex weights, as one batched real matrix
+        product over the modes: [re | im] @ [[w_re, w_im], [-w_im, w_re]]. (Four einsums over a mode axis that is
+        not the leading one made the CPU's bmm copy every mode's operands separately.)"""
+        b, _, *kept = re.shape
+        w = self._placed_weights().flatten(2, -2).permute(2, 0, 1, 3)  # (modes, in, out, 2)
+        w_re, w_im = w[..., 0], w[..., 1]
+        weights = torch.cat([torch.cat([w_re, w_im], dim=2), torch.cat([-w_im, w_re], dim=2)], dim=1)
+        z = torch.cat([re, im], dim=1).flatten(2).permute(2, 0, 1)  # (modes, b, 2 in)
+        out = torch.bmm(z, weights).permute(1, 2, 0).reshape(b, -1, *kept)  # (b, 2 out, *kept)
+        return out.chunk(2, dim=1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Traced (torch.compile, export): the truncated DFTs, matrix products only. Eager: the FFT, which costs less
+        # on a 2D grid (O(n log n) against O(n * modes) per axis) and gives the same to fp32 rounding.
+        if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            return self._dft(x)
+        return self._fft(x)
+
+    def _fft(self, x: torch.Tensor) -> torch.Tensor:
+        """``irfftn(W * rfftn(x))`` with complex tensors, as PDEBench computes it."""
+        dims = tuple(range(2, x.dim()))
+        with torch.autocast(x.device.type, enabled=False):
+            spectrum = torch.fft.rfftn(x.float(), dim=dims)
+            w = torch.view_as_complex(self.weights.float())
+            out = torch.zeros_like(spectrum)
+            axes = "xyz"[: len(self.modes)]
+            for block, corner in enumerate(self.corners):
+                index = (
+                    slice(None),
+                    slice(None),
+                    *[
+                        slice(-m, None) if high else slice(None, m)
+                        for high, m in zip(corner, self.modes[:-1], strict=True)
+                    ],
+                    slice(None, self.modes[-1]),
+                )
+                out[index] = torch.einsum(f"bi{axes},io{axes}->bo{axes}", spectrum[index], w[block])
+            return torch.fft.irfftn(out, s=x.shape[2:], dim=dims)
+
+    def _dft(self, x: torch.Tensor) -> torch.Tensor:
+        """The same with the kept modes' truncated DFTs in real arithmetic."""
         dims = x.dim() - 2
         with torch.autocast(x.device.type, enabled=False):
             bases = self._bases(tuple(x.shape[2:]), x)
@@ -120,13 +175,7 @@ class SpectralConv(nn.Module):
                     re, im = _along(re, cos, dim), -_along(re, sin, dim)
                 else:
                     re, im = _along(re, cos, dim) + _along(im, sin, dim), _along(im, cos, dim) - _along(re, sin, dim)
-            w = self._placed_weights()
-            letters = "xyz"[:dims]
-            mix = f"bi{letters},io{letters}->bo{letters}"
-            re, im = (
-                torch.einsum(mix, re, w[..., 0]) - torch.einsum(mix, im, w[..., 1]),
-                torch.einsum(mix, re, w[..., 1]) + torch.einsum(mix, im, w[..., 0]),
-            )
+            re, im = self._mix(re, im)
             for axis, (_, _, cos, sin) in enumerate(bases[:-1]):  # y_j = 1/N sum_k Y_k (cos + i sin)
                 dim = 2 + axis
                 re, im = _along(re, cos, dim) - _along(im, sin, dim), _along(im, cos, dim) + _along(re, sin, dim)
@@ -173,7 +222,7 @@ class FNO(nn.Module):
         if any(self.pads):  # F.pad lists the last axis first
             h = nn.functional.pad(h, [p for pad in reversed(self.pads) for p in (0, pad)])
         for i, (spectral, pointwise) in enumerate(zip(self.spectral, self.pointwise, strict=True)):
-            h = spectral(h) + pointwise(h)
+            h = spectral(h) + _pointwise(pointwise, h)
             if i < len(self.spectral) - 1:
                 h = nn.functional.gelu(h)
         if any(self.pads):
