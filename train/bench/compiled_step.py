@@ -1,6 +1,6 @@
 """Compile benchmark: the whole step compiled against the eager step, on the CPU.
 
-- A small model whose step is bound by the host, not by arithmetic: a 1D FNO of about 32k parameters (width 20,
+- A small model whose step is bound by the host, not by arithmetic: a 1D FNO of 30,157 parameters (width 20,
   8 modes, 4 layers) at batch 20 on 160 points, one input frame, one-step objective, one process (the size at
   which another framework's JIT-compiled FNO ran 10,000 steps in 103 CPU seconds against this package's 145).
   Launched alternately compiled and eager (``repeats`` times); the step time is the median over logging windows
