@@ -50,8 +50,8 @@ def _limited_slope(w: np.ndarray, axis: int) -> np.ndarray:
     take = lambda a, b: np.take(w, range(a, n + b), axis=axis)  # noqa: E731
     left, right = take(1, -1) - take(0, -2), take(2, 0) - take(1, -1)
     centred = 0.5 * (left + right)
-    same = left * right > 0
-    return np.where(same, np.sign(centred) * np.minimum(np.abs(centred), 2 * np.minimum(np.abs(left), np.abs(right))), 0.0)
+    limited = np.sign(centred) * np.minimum(np.abs(centred), 2 * np.minimum(np.abs(left), np.abs(right)))
+    return np.where(left * right > 0, limited, 0.0)
 
 
 def _hllc(wl: np.ndarray, wr: np.ndarray, normal: int, gamma: float) -> np.ndarray:
@@ -60,7 +60,7 @@ def _hllc(wl: np.ndarray, wr: np.ndarray, normal: int, gamma: float) -> np.ndarr
     d = wl.shape[1] - 2
 
     def flux_of(w: np.ndarray, u_cons: np.ndarray) -> np.ndarray:
-        rho, vel, p = w[:, 0], w[:, 1 : 1 + d], w[:, -1]
+        vel, p = w[:, 1 : 1 + d], w[:, -1]
         un = vel[:, normal]
         f = u_cons * un[:, None]
         f[:, 1 + normal] += p
@@ -90,9 +90,7 @@ def _hllc(wl: np.ndarray, wr: np.ndarray, normal: int, gamma: float) -> np.ndarr
     fl, fr = flux_of(wl, ul), flux_of(wr, ur)
     fsl = fl + sl[:, None] * (star(wl, ul, sl, unl) - ul)
     fsr = fr + sr[:, None] * (star(wr, ur, sr, unr) - ur)
-    return np.where(
-        (0 <= sl)[:, None], fl, np.where((0 <= sm)[:, None], fsl, np.where((0 <= sr)[:, None], fsr, fr))
-    )
+    return np.where((sl >= 0)[:, None], fl, np.where((sm >= 0)[:, None], fsl, np.where((sr >= 0)[:, None], fsr, fr)))
 
 
 def _rhs(u: np.ndarray, gamma: float, dx: float, boundary: str) -> np.ndarray:
@@ -181,7 +179,6 @@ def sod_exact(
     for i, xi in enumerate(x):
         s = (xi - x0) / t if t > 0 else (-np.inf if xi < x0 else np.inf)
         if s <= u_star:  # left of the contact
-            rho, u, pk, ck = rl, ul, pl, cl
             if p > pl:
                 shock = ul - cl * math.sqrt((gamma + 1) / (2 * gamma) * p / pl + g2)
                 state = (rl * (p / pl + g1) / (g1 * p / pl + 1), u_star, p) if s > shock else (rl, ul, pl)
