@@ -110,6 +110,23 @@ def rank_trainer(run_dir: Path):
     return Trainer(cfg, env, run.load_tasks(cfg), run)
 
 
+def local_trainer(run_dir: Path):
+    """The run's Trainer in this process, as rank 0 of a gloo group of one (made on first use)."""
+    import torch.distributed as dist
+
+    from train.distributed.env import DistEnv, init_distributed
+    from train.engine.trainer import Trainer
+    from train.run_dir import RunDir
+
+    if not dist.is_initialized():
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
+                          WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")  # fmt: skip
+        init_distributed(DistEnv.from_environ("gloo"), 60)
+    run = RunDir(run_dir)
+    cfg = run.load_config()
+    return Trainer(cfg, DistEnv.from_environ("gloo"), run.load_tasks(cfg), run)
+
+
 _startup: list[tuple[float, float]] = []  # (when measured, seconds)
 
 

@@ -267,6 +267,15 @@ class MultiphysicsConfig(_Attention):
     dataset's channel has std 1): a near-constant field is not blown up into noise."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout in the attention and MLP outputs."""
+    output: Literal["state", "increment"] = "state"
+    """What a time-dependent task's decoder predicts: 'state', the next frame in the sample's normalised units
+    (mean and std over the input window); 'increment', the change from the latest frame in units of the window's
+    own frame-to-frame change, so that a field constant over its input stays constant (tasks of one input frame
+    have no change to measure and predict as with 'state')."""
+    steady_rows: bool = False
+    """Steady tasks' outputs decoded by rows of their own (``field_out_steady``), not the rows that also predict
+    the next frame of the field of that name: 'pressure' as a Darcy solution and as a flow's evolving field are
+    not one quantity."""
 
 
 class TransformerConfig(_Attention):
@@ -421,8 +430,18 @@ class TrainConfig(Section):
     start fresh; any other difference in names or shapes is an error naming the parameter. Used while this run
     has no checkpoint of its own (then it resumes from those). inputs.json and the report record the source."""
     freeze: list[str] = []
-    """Parameter-name prefixes kept fixed during training, e.g. ['processor.'] (the transformer's shared
-    processor) or ['networks.advection1d.lift']; each must match a parameter."""
+    """Parameters kept fixed during training, each given as a name prefix, e.g. ['processor.'] (the transformer's
+    shared processor) or ['networks.advection1d.lift'], or as a group the model names (multiphysics: trunk,
+    field_rows, patches, decoders); each must match a parameter."""
+    lr_groups: dict[str, float] = {}
+    """Learning-rate multipliers by parameter group (a name prefix or a group the model names), e.g.
+    {trunk: 0.1}: those parameters learn at 0.1 x train.lr, the rest at train.lr, all on the one schedule; the
+    first entry that matches a parameter applies. The usual fine-tuning recipe: the pretrained trunk about 10x
+    slower than the embeddings and decoders (docs/models.md, 'Fine-tuning onto a new dataset')."""
+    init_reset: dict[str, Literal["fresh", "zero"]] = {}
+    """With train.init_from: parameter groups (name prefixes or groups the model names) that do not take the
+    source's weights: 'fresh' keeps this run's new initialisation, 'zero' sets them to zero (a multi-physics
+    decoder zeroed starts fine-tuning at "repeat the last frame", as training from scratch does)."""
     eval_batch_size: int = Field(64, ge=1)
     """Samples per rank per evaluation batch."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
@@ -952,7 +971,12 @@ def training_differences(a: Config, b: Config) -> list[str]:
     return [k for k in sorted(set(fa) | set(fb)) if not k.startswith(left_out) and fa.get(k) != fb.get(k)]
 
 
-_ADDED_LATER = {"train.init_from": None, "train.freeze": []}
+_ADDED_LATER = {
+    "train.init_from": None,
+    "train.freeze": [],
+    "model.multiphysics.output": "state",
+    "model.multiphysics.steady_rows": False,
+}
 """Keys added after runs were tagged with their identity: at these defaults they leave a run's identity as it was."""
 
 

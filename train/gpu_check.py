@@ -20,7 +20,8 @@ order:
 By name only (``GPU_CHECKS="fno_compile ceiling"``, or ``all``): ``fno_compile`` (the default FNO compiled and
 eager, bf16: final losses close), ``unet_syncbn`` (the U-Net, batch normalisation synchronous with two GPUs or
 more), ``speed`` (the default config and the published-size file through the loader, the figures before data on
-the device) and ``ceiling`` (train.bench.gpu_ceiling: the FNO's bare step on random data).
+the device), ``ceiling`` (train.bench.gpu_ceiling: the FNO's bare step on random data) and ``transfer`` (the
+data-efficiency benchmark of train.bench.transfer with a trunk of about 5M parameters).
 
 Without a CUDA device it says so and exits 0 having run nothing. Exit 1 when a check fails, 2 for an unknown
 check.
@@ -367,6 +368,16 @@ def check_accuracy() -> dict:
     }
 
 
+def check_transfer() -> dict:
+    """The data-efficiency benchmark's protocol with a trunk of about 5M parameters (train.bench.transfer): the
+    mix pretrained, both held-out shock datasets fine-tuned and trained from scratch on 8 and 32 trajectories,
+    3 seeds, each arm at its best learning rate; the table in runs/gpu-check/transfer/."""
+    from train.bench.transfer import GPU, run
+
+    result = run(OUT / "transfer", OUT / "transfer" / "work", device="cuda", **GPU)
+    return {"passed": True, **result}
+
+
 CHECKS = {
     "smoke": check_smoke,
     "fno_bf16": check_fno_bf16,
@@ -380,6 +391,7 @@ CHECKS = {
     "unet_syncbn": check_unet_syncbn,
     "speed": check_speed,
     "ceiling": check_ceiling,
+    "transfer": check_transfer,
 }
 DEFAULT = ("perf", "no_sync", "accuracy", "fsdp", "smoke", "fno_bf16", "resume")
 """The measurements first: on a machine lent for minutes, what only a GPU can measure comes before the checks

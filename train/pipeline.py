@@ -202,11 +202,15 @@ def _stages(
     if command in ("run", "evaluate") and session.leads:
         results = read_summary(run.root)
         for name, r in results.items():
-            log.info("%s: test nRMSE %s (baseline %s)", name, figure(r.get("nrmse")), figure(r.get("baseline_nrmse")))
+            line = f"{name}: test nRMSE {figure(r.get('nrmse'))} (baseline {figure(r.get('baseline_nrmse'))})"
+            if r.get("nrmse_dynamic") != r.get("nrmse"):  # a field constant over trajectories left out
+                line += f"; of the changing fields {figure(r.get('nrmse_dynamic'))}"
+                line += f" (baseline {figure(r.get('baseline_nrmse_dynamic'))})"
+            log.info("%s", line)
         if len(results) > 1:
             score = summary_score(results)
             log.info(
-                "over the %d tasks: mean test nRMSE %s, nRMSE / baseline %s (geometric mean)",
+                "over the %d tasks: mean test nRMSE of the changing fields %s, over the baseline's %s (geometric mean)",
                 score["tasks"],
                 figure(score["mean_nrmse"]),
                 figure(score["nrmse_to_baseline"]),

@@ -113,13 +113,13 @@ def test_quick_well_benchmark_runs_the_demo_config_from_nothing(tmp_path):
 
 def test_quick_pretrain_benchmark_pretrains_on_1d_3d_and_well_data_and_fine_tunes_onto_the_held_out_set(tmp_path):
     """configs/pretrain.yaml's mix cut to three datasets (1D PDEBench, 3D PDEBench, The Well's 2D schema) through
-    the CLI, each alone, then configs/finetune-flow1d.yaml from the pretrained run and from scratch."""
+    the CLI, each alone, then configs/finetune-riemann1d.yaml from the pretrained run and from scratch."""
     from train.checkpoint import SPECS, load_checkpoint
 
     proc = bench(tmp_path, "pretrain")
     result = json.loads((tmp_path / "pretrain.json").read_text())
     assert sorted(result["pretrained"]) == sorted(result["alone"]) == ["advection", "flow3d", "gray_scott"]
-    assert result["held_out"] == "flow1d" and sorted(result["curves"]) == ["fine-tuned", "scratch"]
+    assert result["held_out"] == "riemann1d" and sorted(result["curves"]) == ["fine-tuned", "scratch"]
     assert all(math.isfinite(v) for curve in result["curves"].values() for v in curve.values())
     assert result["summary"]["pretrained"]["tasks"] == 3
     runs = tmp_path / "w" / "pretrain" / "runs"
@@ -127,10 +127,43 @@ def test_quick_pretrain_benchmark_pretrains_on_1d_3d_and_well_data_and_fine_tune
     assert list(specs["flow3d"]["fields"]) == ["density", "pressure", "velocity_x", "velocity_y", "velocity_z"]
     assert list(specs["gray_scott"]["fields"]) == ["concentration_a", "concentration_b", "feed_rate", "kill_rate"]
     tuned = (runs / "fine-tuned-3" / "logs" / "rank0.log").read_text()
-    # 1D flow's fields are all known to the mix (from its 3D flow), and 1D patches of 8 from advection
+    # 1D Euler's fields are all known to the mix (from its 2D and 3D flows), and 1D patches of 8 from advection
     assert "initial weights from" in tuned and "fresh" not in tuned.partition("initial weights from")[2].split("\n")[0]
     table = (tmp_path / "pretrain.md").read_text()
     assert "| flow3d | cfd3d |" in table and table in proc.stdout
+
+
+def test_quick_transfer_benchmark_fine_tunes_and_trains_from_scratch_on_held_out_shocks_over_seeds(tmp_path):
+    """The data-efficiency benchmark at a tiny size: a mix of 2D Euler and Burgers pretrained, each alone, then
+    1D Riemann problems from 2 and 8 trajectories, 2 seeds, both arms; the zero-shot error; the table."""
+    from train.run_dir import RunDir
+
+    proc = bench(tmp_path, "transfer")
+    result = json.loads((tmp_path / "transfer.json").read_text())
+    assert sorted(result["mix"]) == ["burgers", "euler2d"] and result["parameters"] > 0
+    ((name, held),) = result["held_out"].items()
+    assert name == "riemann1d" and held["pde"] == "euler1d" and math.isfinite(held["zero_shot"])
+    for arm in ("scratch", "fine-tuned"):
+        assert sorted(held["arms"][arm]) == ["2", "8"]
+        for runs in held["arms"][arm].values():
+            assert [r["seed"] for r in runs] == [0, 1] and all(math.isfinite(r["test"]) for r in runs)
+        assert sorted(held["figures"][arm]) == ["2", "8"]
+    assert len(result["targets"]) == 3 and all(isinstance(v, bool) for v in result["targets"].values())
+    assert list(held["variants"]) == ["every weight at one rate (the arm)", "trunk 0.1x", "decoders zeroed"]
+    runs = tmp_path / "w" / "transfer" / "runs"
+    tuned, scratch = (
+        RunDir(runs / "riemann1d-fine-tuned-n2-s1-lr0.001"),
+        RunDir(runs / "riemann1d-scratch-n2-s1-lr0.001"),
+    )
+    assert tuned.weights_from()["source"] == str(runs / "pretrain") and scratch.weights_from() is None
+    assert RunDir(runs / "riemann1d-fine-tuned-trunk-n2-s0-lr0.001").load_config().train.lr_groups == {"trunk": 0.1}
+    zeroed = RunDir(runs / "riemann1d-fine-tuned-decoders-n2-s0-lr0.001").load_config()
+    assert zeroed.train.init_reset == {"decoders": "zero"} and zeroed.train.init_from == str(runs / "pretrain")
+    # the seeds' training files: the first trajectories of one pool in another order, the fixed test file beside
+    folder = tmp_path / "w" / "transfer" / "held_out" / "riemann1d"
+    assert (folder / "riemann1d_test.h5").is_file() and (folder / "n2-s0" / "riemann1d_train.h5").is_file()
+    table = (tmp_path / "transfer.md").read_text()
+    assert "| riemann1d (euler1d) | 2 |" in table and table in proc.stdout
 
 
 def test_quick_scale_benchmark_builds_in_place_and_copied_caches_and_launches_in_a_memory_cgroup(tmp_path):

@@ -6,14 +6,13 @@ kernel-level operations per steady step outside compiled graphs (it was 620-1,08
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from tests.helpers import REPO, free_port, prepare_run
+from tests.helpers import REPO, local_trainer, prepare_run
 from train.config import FNOConfig, ModelConfig, MultiphysicsConfig, TransformerConfig, UNetConfig
 from train.engine.loss import task_loss
 from train.model.factory import build_model
@@ -86,22 +85,6 @@ def _advection_config(tmp: Path, precision: str) -> Path:
     return path
 
 
-def _trainer(run_dir: Path):
-    import torch.distributed as dist
-
-    from train.distributed.env import DistEnv, init_distributed
-    from train.engine.trainer import Trainer
-    from train.run_dir import RunDir
-
-    if not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
-                          WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")  # fmt: skip
-        init_distributed(DistEnv.from_environ("gloo"), 60)
-    run = RunDir(run_dir)
-    cfg = run.load_config()
-    return Trainer(cfg, DistEnv.from_environ("gloo"), run.load_tasks(cfg), run)
-
-
 def _fit(trainer) -> list[float]:
     """Train as the worker does (train.log_every=1) and return each step's loss from metrics.jsonl."""
     from train.obs.sinks import MetricSinks, read_metrics
@@ -120,8 +103,8 @@ def test_the_whole_pushforward_step_is_one_graph_per_rollout_length_with_the_los
         mode: prepare_run(tmp_path, _advection_config(tmp_path, precision), [f"compile.enabled={mode}"], name=mode)
         for mode in ("false", "true")
     }
-    eager = _fit(_trainer(runs["false"]))
-    compiled = _trainer(runs["true"])
+    eager = _fit(local_trainer(runs["false"]))
+    compiled = local_trainer(runs["true"])
     assert compiled.whole_step is not None and compiled.watch.facts.mode == "whole step"
     drawn = []
     original = compiled._micro_step
@@ -164,7 +147,7 @@ def test_a_steady_compiled_step_reads_nothing_back_and_takes_a_new_learning_rate
     )
     weights, reads = {}, HostReads()
     for slower in (False, True):
-        trainer = _trainer(run)
+        trainer = local_trainer(run)
         streams = EpochStreams(trainer.loaders, trainer.samplers, 0, 0, trainer.steps, None)
         for i in range(4):
             trainer.train_step(streams)

@@ -588,6 +588,23 @@ def test_a_runs_identity_reads_the_transformers_keys_either_way_and_fine_tuning_
     assert run_identity(new) != run_identity(load_config(minimal, ["model.d_model=64", "train.freeze=[codecs.]"]))
 
 
+def test_the_fine_tuning_recipes_settings_keep_an_earlier_multiphysics_runs_identity_at_their_defaults(minimal):
+    """model.multiphysics.output and steady_rows came after runs were tagged: at their defaults a run's identity is
+    the one an earlier version gave it (its view without them); off them, and with lr_groups, another run's."""
+    import hashlib
+    import json
+
+    from train.config import training_view
+
+    cfg = load_config(minimal, ["model.name=multiphysics"])
+    later = ("model.multiphysics.output", "model.multiphysics.steady_rows", "train.init_from", "train.freeze")
+    earlier = {k: v for k, v in training_view(cfg).items() if k not in later}
+    assert run_identity(cfg) == hashlib.sha1(json.dumps(earlier, sort_keys=True).encode()).hexdigest()[:16]
+    for change in ("model.multiphysics.output=increment", "model.multiphysics.steady_rows=true",
+                   "train.lr_groups={trunk: 0.1}", "train.init_reset={decoders: zero}"):  # fmt: skip
+        assert run_identity(load_config(minimal, ["model.name=multiphysics", change])) != run_identity(cfg), change
+
+
 @pytest.mark.parametrize("name", ["../x", ".", "..", "a/b"])
 def test_a_run_name_that_is_not_one_folder_is_refused_and_blamed_on_what_set_it(name, repo):
     """--run ../x put the run beside runs/, and --run . made runs/ itself the run folder."""

@@ -104,9 +104,9 @@ def _save(tmp_path: Path, net, specs: dict[str, TaskSpec], cfg: Config) -> dict:
     return {"source": str(path), "checkpoint": str(path), "sha256": sha256_of(path)}
 
 
-def _config(specs: dict[str, TaskSpec]) -> Config:
+def _config(specs: dict[str, TaskSpec], cfg: MultiphysicsConfig = SMALL, extra: dict | None = None) -> Config:
     tasks = {name: TaskConfig(pde="advection1d") for name in specs}
-    return Config(tasks=tasks, model=ModelConfig(name="multiphysics", multiphysics=SMALL))
+    return Config(tasks=tasks, model=ModelConfig(name="multiphysics", multiphysics=cfg), **(extra or {}))
 
 
 def test_fine_tuning_onto_an_unseen_dataset_reuses_the_rows_of_known_fields_and_starts_new_ones_fresh(tmp_path):
@@ -177,3 +177,93 @@ def test_a_mix_that_trains_a_held_out_dataset_or_draws_nothing_is_refused_naming
     with pytest.raises(ConfigError, match=r"every task's sampling_weight is 0 \(tasks\.advection1d, tasks\.darcy2d"):
         load_config("configs/tiny.yaml", ["train.task_sampling=weighted", *zero])
     load_config("configs/tiny.yaml", ["train.task_sampling=weighted", zero[0]])  # one left to draw: fine
+
+
+# ------------------------------------------------------------------------------------------- fine-tuning's recipe
+def test_learning_rate_groups_reach_the_optimizer_by_the_models_group_names_or_prefixes():
+    from train.config import TrainConfig
+    from train.engine.optim import build_optimizer
+    from train.engine.param_groups import optimizer_groups
+
+    net = model()
+    groups = optimizer_groups(net, {"trunk": 0.1, "field_in": 2.0}, 1e-3)
+    optimizer, scheduler = build_optimizer(groups, TrainConfig(lr=1e-3, warmup_steps=0), 10)
+    by_lr = {round(g["lr"], 12): {n for n, p in net.named_parameters() if any(p is q for q in g["params"])}
+             for g in optimizer.param_groups}  # fmt: skip
+    assert set(by_lr) == {1e-4, 2e-3, 1e-3}
+    assert by_lr[1e-4] == {n for n, _ in net.named_parameters() if n.startswith(("blocks.", "frame", "dimension"))}
+    assert by_lr[2e-3] == {"field_in"} and "field_out" in by_lr[1e-3] and "patch_in.1d_p8.weight" in by_lr[1e-3]
+    scheduler.step()  # every group follows the one schedule
+    assert sorted(g["lr"] for g in optimizer.param_groups) == pytest.approx(sorted(scheduler.get_last_lr()))
+    with pytest.raises(ConfigError, match=r"train.lr_groups: 'trunks' matches no parameter .*groups: decoders, "):
+        optimizer_groups(net, {"trunks": 0.1}, 1e-3)
+
+
+@pytest.mark.parametrize("output", ["state", "increment"])
+def test_a_zeroed_decoder_starts_fine_tuning_at_repeat_the_last_frame_exactly(tmp_path, output):
+    """train.init_reset={decoders: zero}: the source's decoders (trained to mean other things) are not carried
+    over; the fine-tuned model starts where training from scratch does, the last input frame, exactly."""
+    from train.engine.init_from import load_initial_weights
+
+    cfg = MultiphysicsConfig(d_model=16, n_heads=2, n_layers=2, field_width=4, output=output)
+    pretrain = {k: SPECS_MIX[k] for k in ("flow2d", "darcy")}
+    source = model(pretrain, cfg, seed=1)
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # trained: every weight, the decoders' too, away from its start
+    record = _save(tmp_path, source, pretrain, _config(pretrain, cfg))
+    for reset, exact in (({}, False), ({"decoders": "zero"}, True)):
+        target = model(pretrain, cfg, seed=2)
+        load_initial_weights(target, _config(pretrain, cfg, {"train": {"init_reset": reset}}), record)
+        x = inputs({"flow2d": pretrain["flow2d"]}, scale=3.0)["flow2d"]
+        with torch.no_grad():
+            prediction = target({"flow2d": x})["flow2d"]
+        assert torch.equal(prediction, x[:, -1]) is exact, reset
+
+
+def test_an_increment_keeps_a_field_constant_over_its_window_constant():
+    """output=increment: a uniform velocity stays exactly uniform (its window's steps are zero); with state, it
+    drifts by the decoder's output times the std floor (the drift that once dominated a fine-tuning score)."""
+    spec = {"flow2d": SPECS_MIX["flow2d"]}
+    x = inputs(spec)["flow2d"]
+    x[..., 2] = 0.003  # velocity_x: constant in space and time
+    for output, constant in (("state", False), ("increment", True)):
+        net = model(spec, MultiphysicsConfig(d_model=16, n_heads=2, n_layers=2, field_width=4, output=output))
+        with torch.no_grad():
+            net.field_out.normal_()  # a decoder that predicts something
+            y = net({"flow2d": x})["flow2d"]
+        assert bool((y[..., 2] == x[:, -1, ..., 2]).all()) is constant, output
+        assert not torch.equal(y[..., 0], x[:, -1, ..., 0]), "the changing field is predicted"
+
+
+def test_learning_rate_groups_survive_a_resume_bitwise(tmp_path):
+    """A run with train.lr_groups stopped after 2 steps and resumed from its checkpoint's components ends its 4th
+    step with the weights and per-group rates of the run that went straight through."""
+    from tests.helpers import local_trainer, prepare_run
+    from train.engine.streams import EpochStreams
+
+    settings = ["model.name=multiphysics", "model.multiphysics.d_model=16", "model.multiphysics.n_heads=2",
+                "model.multiphysics.n_layers=1", "train.lr_groups={trunk: 0.1, decoders: 3.0}",
+                "train.warmup_steps=1", "train.steps_per_epoch=4", "train.epochs=1"]  # fmt: skip
+    run = prepare_run(tmp_path, "configs/tiny.yaml", settings)
+
+    def steps(trainer, n: int) -> None:
+        streams = EpochStreams(trainer.loaders, trainer.samplers, 0, trainer.state.step_in_epoch, trainer.steps, None)
+        for _ in range(n):
+            trainer.train_step(streams)
+            trainer.state.step_in_epoch += 1
+            trainer.state.global_step += 1
+        trainer.stop_workers()
+
+    straight = local_trainer(run)
+    steps(straight, 4)
+    first = local_trainer(run)
+    steps(first, 2)
+    saved = first.state_dict()
+    resumed = local_trainer(run)
+    resumed.load_state_dict(saved)
+    steps(resumed, 2)
+    assert len(resumed.optimizer.param_groups) == 3
+    assert [g["lr"] for g in resumed.optimizer.param_groups] == [g["lr"] for g in straight.optimizer.param_groups]
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

@@ -1,5 +1,5 @@
-"""python -m train.bench [cache-io|trainer|models|remote|well|operators|finetune|pretrain|sweep|parallel|scale|all]: the
-benchmarks, each writing NAME.json/.md to --out.
+"""python -m train.bench [cache-io|trainer|compile|models|remote|well|operators|finetune|pretrain|transfer|sweep|
+parallel|scale|all]: the benchmarks, each writing NAME.json/.md to --out.
 
 - cache-io: data loading, our mmap cache against per-sample h5py and shared memory (train/bench/cache_io.py);
 - trainer: our trainer's step time against a bare DDP loop (train/bench/trainer_step.py);
@@ -14,11 +14,14 @@ benchmarks, each writing NAME.json/.md to --out.
   (train/bench/finetune.py);
 - pretrain: one multi-physics model on configs/pretrain.yaml's ten datasets against single-task models, then
   fine-tuned onto a held-out dataset against training from scratch (train/bench/pretrain.py);
+- transfer: the multi-physics model pretrained on a mix of physics, then fine-tuned against from scratch on two
+  held-out datasets of shocks with 8 and 32 training trajectories, 3 seeds, each arm at its best learning rate
+  (train/bench/transfer.py);
 - sweep: an 8-trial search over the FNO's width, modes and learning rate against the default config
   (train/bench/sweep.py);
 - parallel: ddp, fsdp and hsdp on 2 and 4 CPU ranks: model state per rank, step time, checkpoint write and load,
   sharded and full (train/bench/parallel.py);
-- all (the default, also when only options are given): all eleven (not scale), with their default sizes.
+- all (the default, also when only options are given): all twelve (not scale), with their default sizes.
 """
 
 from __future__ import annotations
@@ -39,12 +42,14 @@ from train.bench import (
     scale,
     sweep,
     trainer_step,
+    transfer,
     well,
 )
 from train.errors import TrainError
 
 COMMANDS = (
-    *("cache-io", "trainer", "compile", "models", "remote", "well", "operators", "finetune", "pretrain", "sweep"),
+    *("cache-io", "trainer", "compile", "models", "remote", "well", "operators", "finetune", "pretrain"),
+    *("transfer", "sweep"),
     *("parallel", "scale", "all"),
 )
 # Each benchmark's own options and their defaults (``all`` runs both with these).
@@ -103,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sub.add_parser("operators", help=operators.__doc__.splitlines()[0]))
     _common(sub.add_parser("finetune", help=finetune.__doc__.splitlines()[0]))
     _common(sub.add_parser("pretrain", help=pretrain.__doc__.splitlines()[0]))
+    _common(sub.add_parser("transfer", help=transfer.__doc__.splitlines()[0]))
     _common(sub.add_parser("sweep", help=sweep.__doc__.splitlines()[0]))
     _common(sub.add_parser("parallel", help=parallel.__doc__.splitlines()[0]))
     sc = sub.add_parser("scale", help=scale.__doc__.splitlines()[0])
@@ -199,6 +205,12 @@ def pretrain_main(args: argparse.Namespace) -> dict:
     return result
 
 
+def transfer_main(args: argparse.Namespace) -> dict:
+    result = transfer.run(args.out, args.workdir, args.quick)
+    print((args.out / "transfer.md").read_text(), flush=True)
+    return result
+
+
 def sweep_main(args: argparse.Namespace) -> dict:
     result = sweep.run(args.out, args.workdir, args.quick)
     print((args.out / "sweep.md").read_text(), flush=True)
@@ -237,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "operators": [operators_main],
         "finetune": [finetune_main],
         "pretrain": [pretrain_main],
+        "transfer": [transfer_main],
         "sweep": [sweep_main],
         "parallel": [parallel_main],
         "scale": [scale_main],  # 15 GB of disk and tens of minutes: not part of all
@@ -252,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             pretrain_main,
             sweep_main,
             parallel_main,
+            transfer_main,  # last: its runs share this process
         ],
     }
     missed = []

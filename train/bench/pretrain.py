@@ -1,6 +1,6 @@
 """Pretraining benchmark: one multi-physics model trained on configs/pretrain.yaml's ten datasets (1D, 2D and
 3D; PDEBench's, The Well's, neuraloperator's, the FNO paper's and PDEArena's formats) against single-task models, then
-fine-tuned onto the held-out dataset of configs/finetune-flow1d.yaml against training from scratch.
+fine-tuned onto the held-out dataset of configs/finetune-riemann1d.yaml against training from scratch.
 
 Every run is `python -m train run` on 2 ranks:
 
@@ -9,7 +9,7 @@ Every run is `python -m train run` on 2 ranks:
    dataset alone (so it sees about ten times more of its own data than the pretrained model did);
 3. for each budget of ``BUDGETS`` steps, two runs on the held-out dataset with one epoch of that many steps
    (warm-up a sixth of it): fine-tuned (``train.init_from`` the pretrained run, at the fine-tuning recipe's
-   learning rate) and from scratch (at the pretraining recipe's, the one a fresh model is trained with).
+   learning rates) and from scratch (at the pretraining recipe's, the one a fresh model is trained with).
 
 It reports each dataset's test nRMSE after pretraining and alone, and the held-out dataset's test nRMSE against
 steps for both starts. Target: fine-tuning reaches the from-scratch model's final error (at the largest budget)
@@ -32,7 +32,7 @@ from train.errors import TrainError
 from train.obs.report import read_summary, summary_score
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE, FINETUNE = "pretrain.yaml", "finetune-flow1d.yaml"
+RECIPE, FINETUNE = "pretrain.yaml", "finetune-riemann1d.yaml"
 BUDGETS = (50, 150, 300, 900)
 QUICK = {
     "tasks": ("advection", "flow3d", "gray_scott"),
@@ -98,9 +98,10 @@ def run(out: Path, workdir: Path, quick: bool = False) -> dict:
         for start in curves:
             if start == "fine-tuned":
                 how = {"init_from": str(root / "runs" / "pretrain")}
-            else:
+            else:  # a fresh model: the pretraining recipe's rate, every parameter alike
                 how = {"lr": recipe["train"]["lr"]}
-            own = {k: v for k, v in target["train"].items() if k != "init_from"}
+            recipe_only = ("init_from", "lr_groups", "init_reset") if start == "scratch" else ("init_from",)
+            own = {k: v for k, v in target["train"].items() if k not in recipe_only}
             cfg = {**target, "train": {**own, **schedule, **how}}
             curves[start][budget] = train(f"{start}-{budget}", cfg)[held_out]["nrmse"]
     final = curves["scratch"][budgets[-1]]

@@ -19,11 +19,20 @@ from train.data.formats import format_of
 from train.distributed.collectives import all_reduce_sum
 from train.distributed.env import DistEnv
 from train.engine.loss import task_loss
-from train.engine.metrics import ErrorSums, error_sums, finish, nrmse_by_step
+from train.engine.metrics import ErrorSums, error_sums, field_scores, finish, nrmse_by_step
 from train.engine.objective import advance
 from train.engine.well_metrics import WellSums
 from train.errors import DataError
 from train.model.specs import TaskData
+from train.obs.report import headline
+
+
+def output_names(spec) -> list[str]:
+    """The names of a task's predicted channels: its fields' (after the inputs of a steady task), else their
+    positions."""
+    first = 0 if spec.autoregressive else spec.in_channels
+    names = list(spec.fields[first : first + spec.out_channels])
+    return names if len(names) == spec.out_channels else [f"channel_{i}" for i in range(spec.out_channels)]
 
 
 def _shard(n: int, env: DistEnv, batch_size: int) -> Iterator[np.ndarray]:
@@ -103,9 +112,14 @@ def evaluate_split(
                 base += error_sums(mean_field.expand_as(target), target)
         sums, base = sums.all_reduce(), base.all_reduce()
         model_scores, base_scores = finish(sums), finish(base)
+        fields, base_fields = field_scores(sums, output_names(task.spec)), field_scores(base, output_names(task.spec))
         results[task.name] = {
             **model_scores,
             **{f"baseline_{key}": value for key, value in base_scores.items()},
+            "nrmse_dynamic": fields.pop("nrmse_dynamic"),
+            "baseline_nrmse_dynamic": base_fields.pop("nrmse_dynamic"),
+            **fields,
+            "baseline_nrmse_by_field": base_fields["nrmse_by_field"],
             "n_samples": task.info.sizes[split],
             "nrmse_by_step": nrmse_by_step(sums),
             "baseline_nrmse_by_step": nrmse_by_step(base),
@@ -192,13 +206,15 @@ def validation_scores(
     """The val split's scores as a metrics record, and the one that decides best.pt and early stopping.
 
     The record holds ``val/<task>`` and ``val/loss`` (the one-step loss, summed with the tasks' weights) and,
-    with ``metric`` rollout_nrmse, ``val_nrmse/<task>`` and ``val_nrmse`` (the rollout nRMSE, their weighted
-    mean), which is then the score; with ``metric`` loss, ``val/loss`` is."""
+    with ``metric`` rollout_nrmse, ``val_nrmse/<task>`` and ``val_nrmse`` (the rollout's headline nRMSE, over the
+    fields that change, and their weighted mean), which is then the score; with ``metric`` loss, ``val/loss`` is."""
     losses = validation_loss(model, tasks, env, batch_size)
     record = {**{f"val/{n}": v for n, v in losses.items()}, "val/loss": sum(weights[n] * v for n, v in losses.items())}
     if metric == "loss":
         return record, record["val/loss"]
-    nrmse = {name: r["nrmse"] for name, r in evaluate_split(model, tasks, env, "val", batch_size).items()}
+    # the headline: a field constant over a trajectory, scored by its own tiny size, must not choose best.pt
+    nrmse = {name: headline(r) for name, r in evaluate_split(model, tasks, env, "val", batch_size).items()}
+    nrmse = {name: float("nan") if v is None else v for name, v in nrmse.items()}
     record.update({f"val_nrmse/{n}": v for n, v in nrmse.items()})
     record["val_nrmse"] = sum(weights[n] * v for n, v in nrmse.items()) / sum(weights[n] for n in nrmse)
     return record, record["val_nrmse"]

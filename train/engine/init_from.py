@@ -21,10 +21,12 @@ import hashlib
 import logging
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from train.checkpoint import CONFIG, MODEL, SPECS, load_checkpoint
 from train.config import Config
+from train.engine.param_groups import names_of, selected
 from train.errors import ConfigError
 from train.model.specs import spec_from_record
 
@@ -91,9 +93,18 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
     if unused:
         raise ConfigError(f"{where}: the source has parameters this model lacks: {', '.join(unused[:8])}; match "
                           "model.* to the source")  # fmt: skip
+    reset = {}
+    for selector, how in cfg.train.init_reset.items():
+        reset.update(dict.fromkeys(selected(model, selector, "train.init_reset"), how))
+    load = {key: value for key, value in load.items() if reset.get(key) != "fresh"}
     model.load_state_dict(load, strict=False)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if reset.get(name) == "zero":
+                p.zero_()
     log.info(
-        "initial weights from %s: %d tensors loaded%s%s%s%s", path, len(load),
+        "initial weights from %s: %d tensors loaded%s%s%s%s%s", path, len(load),
+        f"; kept fresh or zeroed (train.init_reset): {', '.join(cfg.train.init_reset)}" if reset else "",
         f"; fresh heads for {', '.join(sorted(fresh))}" if fresh else "",
         f"; fresh rows for the new field(s) {', '.join(new_fields)}" if new_fields else "",
         f"; fresh projections for the new patch geometry {', '.join(sorted(shapes))}" if shapes else "",
@@ -104,18 +115,12 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
 
 
 def freeze(model: nn.Module, prefixes: list[str]) -> int:
-    """Keep the parameters whose names start with any of ``prefixes`` fixed; returns how many were frozen."""
-    names = [name for name, _ in model.named_parameters()]
-    for prefix in prefixes:
-        if not any(name.startswith(prefix) for name in names):
-            tops = sorted({name.split(".")[0] for name in names})
-            raise ConfigError(
-                f"train.freeze: {prefix!r} matches no parameter of the model (its parameters start with "
-                f"{', '.join(tops)}; e.g. {names[0]})"
-            )
+    """Keep the parameters that ``prefixes`` select (name prefixes, or groups the model names: train.engine.
+    param_groups) fixed; returns how many were frozen."""
+    chosen = names_of(model, prefixes, "train.freeze")
     frozen = 0
     for name, p in model.named_parameters():
-        if name.startswith(tuple(prefixes)):
+        if name in chosen:
             p.requires_grad_(False)
             frozen += p.numel()
     if not any(p.requires_grad for p in model.parameters()):

@@ -31,6 +31,11 @@ KEYS = ("rmse", "nrmse", "crmse", "brmse", "max_error", "frmse_low", "frmse_mid"
 BANDS = {"frmse_low": (0, 4), "frmse_mid": (4, 12), "frmse_high": (12, None)}
 # Order of ErrorSums.scalars: sums over (sample, time, channel) terms, the number of terms, of samples.
 SCALARS = ("rmse", "nrmse", "brmse", "rel_l2", "terms", "samples")
+# Order of ErrorSums.by_field's columns.
+FIELD_SUMS = ("rmse", "nrmse", "terms", "nrmse_changing", "terms_changing")
+CONSTANT_TOLERANCE = 1e-6
+"""A (sample, channel) whose true field over the predicted frames varies by no more than this share of its
+largest magnitude is constant: a condition of the trajectory (a uniform flow's velocity), not its dynamics."""
 
 
 @dataclass(frozen=True)
@@ -48,13 +53,21 @@ class ErrorSums:
     """(time, channel): max over samples and space of |p - y|."""
     nrmse_by_time: torch.Tensor
     """(time,): sum over samples and channels of the per-term nRMSE, the error's growth over a rollout."""
+    by_field: torch.Tensor
+    """(channel, 5): per channel, the sums over its terms of RMSE and of nRMSE, their count, and the sum of nRMSE and
+    the count over the terms of the (sample, channel) pairs whose true field changes over the predicted frames."""
 
     @classmethod
     def zeros(cls, time: int, space: tuple[int, ...], channels: int) -> ErrorSums:
         """Nothing scored yet; a rank whose shard is empty still takes part in the reductions with these."""
         z = functools.partial(torch.zeros, dtype=torch.float64)
         return cls(
-            z(len(SCALARS)), z(time, channels), z(time, channels, spectrum_bins(space)), z(time, channels), z(time)
+            z(len(SCALARS)),
+            z(time, channels),
+            z(time, channels, spectrum_bins(space)),
+            z(time, channels),
+            z(time),
+            z(channels, len(FIELD_SUMS)),
         )
 
     def __add__(self, other: ErrorSums) -> ErrorSums:
@@ -64,17 +77,18 @@ class ErrorSums:
             self.spectrum + other.spectrum,
             torch.maximum(self.max_abs, other.max_abs),
             self.nrmse_by_time + other.nrmse_by_time,
+            self.by_field + other.by_field,
         )
 
     def all_reduce(self) -> ErrorSums:
         """Sums summed and maxima maximised over ranks (one collective each); identical on every rank."""
-        parts = (self.scalars, self.conservation, self.spectrum, self.nrmse_by_time)
+        parts = (self.scalars, self.conservation, self.spectrum, self.nrmse_by_time, self.by_field)
         flat = all_reduce_sum(torch.cat([p.flatten() for p in parts]))
         sizes = [p.numel() for p in parts]
-        scalars, conservation, spectrum, by_time = (
+        scalars, conservation, spectrum, by_time, by_field = (
             f.view(p.shape) for f, p in zip(flat.split(sizes), parts, strict=True)
         )
-        return ErrorSums(scalars, conservation, spectrum, all_reduce_max(self.max_abs), by_time)
+        return ErrorSums(scalars, conservation, spectrum, all_reduce_max(self.max_abs), by_time, by_field)
 
 
 def spectrum_bins(space: tuple[int, ...]) -> int:
@@ -163,7 +177,31 @@ def error_sums(pred: torch.Tensor, target: torch.Tensor) -> ErrorSums:
     conservation = err.mean(space).square().sum(0)
     max_abs = err.abs().amax((0, *space))
     by_time = nrmse.sum((0, 2))
-    return ErrorSums(scalars.cpu(), conservation.cpu(), _spectrum(err).cpu(), max_abs.cpu(), by_time.cpu())
+    changing = changing_fields(target).to(nrmse.dtype)  # (sample, channel)
+    frames = torch.full_like(changing, float(nrmse.shape[1]))
+    columns = {
+        "rmse": rmse.sum((0, 1)),
+        "nrmse": nrmse.sum((0, 1)),
+        "terms": frames.sum(0),
+        "nrmse_changing": (nrmse * changing[:, None]).sum((0, 1)),
+        "terms_changing": (frames * changing).sum(0),
+    }
+    by_field = torch.stack([columns[k] for k in FIELD_SUMS], dim=1)
+    return ErrorSums(
+        scalars.cpu(), conservation.cpu(), _spectrum(err).cpu(), max_abs.cpu(), by_time.cpu(), by_field.cpu()
+    )
+
+
+def changing_fields(target: torch.Tensor) -> torch.Tensor:
+    """(sample, channel) bools: whether each sample's true field changes over the predicted frames (time axis 1)
+    by more than CONSTANT_TOLERANCE of its magnitude. A single predicted frame (a steady task's solution, or one
+    step) has nothing to compare with: every field counts."""
+    space = tuple(range(2, target.dim() - 1))
+    if target.shape[1] == 1:
+        return torch.ones(target.shape[0], target.shape[-1], dtype=torch.bool, device=target.device)
+    spread = (target - target[:, :1]).abs().amax((1, *space))
+    size = target.abs().amax((1, *space))
+    return spread > CONSTANT_TOLERANCE * size
 
 
 def finish(sums: ErrorSums) -> dict[str, float]:
@@ -180,6 +218,27 @@ def finish(sums: ErrorSums) -> dict[str, float]:
         band = per_bin[..., lo:hi]
         out[key] = float(band.mean()) if band.shape[-1] else float("nan")
     return {k: out[k] for k in KEYS}
+
+
+def field_scores(sums: ErrorSums, names: list[str]) -> dict:
+    """Reduced sums -> the per-field figures and the headline over the fields that change.
+
+    ``nrmse_dynamic``: the nRMSE over the terms of the (sample, channel) pairs whose true field changes over the
+    predicted frames; a field constant over a trajectory (the uniform velocity of an advected flow) is a condition
+    of it, which nRMSE would divide by its own (possibly tiny) size, and which would then dominate the mean.
+    ``nrmse_by_field`` and ``rmse_by_field``: each channel's nRMSE and RMSE over all its terms; ``constant_fields``:
+    the share of samples in which each channel is constant."""
+    f = sums.by_field
+    col = {k: f[:, i] for i, k in enumerate(FIELD_SUMS)}
+    ratio = lambda a, b: float(a / b) if float(b) else float("nan")  # noqa: E731
+    return {
+        "nrmse_dynamic": ratio(col["nrmse_changing"].sum(), col["terms_changing"].sum()),
+        "nrmse_by_field": {n: ratio(col["nrmse"][c], col["terms"][c]) for c, n in enumerate(names)},
+        "rmse_by_field": {n: ratio(col["rmse"][c], col["terms"][c]) for c, n in enumerate(names)},
+        "constant_fields": {
+            n: ratio(col["terms"][c] - col["terms_changing"][c], col["terms"][c]) for c, n in enumerate(names)
+        },
+    }
 
 
 def nrmse_by_step(sums: ErrorSums) -> list[float]:

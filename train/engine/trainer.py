@@ -66,6 +66,7 @@ from train.engine.loss import SKIPPED, LossWindow, task_loss
 from train.engine.nonfinite import NonFiniteSteps, skip_on_device
 from train.engine.objective import Unroll, draw_steps, unrolled_targets
 from train.engine.optim import build_optimizer
+from train.engine.param_groups import optimizer_groups
 from train.engine.setup import (
     break_place,
     captures_graphs,
@@ -160,9 +161,8 @@ class Trainer:
         self.scaler = self.precision.scaler()
         self.steps = steps_per_epoch(cfg, tasks, env.world_size)
         self.micro = cfg.train.accumulate_steps
-        self.optimizer, self.scheduler = build_optimizer(
-            self.model.parameters(), cfg.train, self.steps * cfg.train.epochs
-        )
+        groups = optimizer_groups(self.model, cfg.train.lr_groups, cfg.train.lr)  # train.lr_groups' rates
+        self.optimizer, self.scheduler = build_optimizer(groups, cfg.train, self.steps * cfg.train.epochs)
         self.whole_step: WholeStep | None = None
         self.forward = self.ddp
         if whole:

@@ -28,6 +28,7 @@ gradients on every rank.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -115,6 +116,16 @@ class Block(nn.Module):
 
 
 class MultiPhysicsSurrogate(nn.Module):
+    parameter_groups: ClassVar[dict[str, tuple[str, ...]]] = {
+        "trunk": ("blocks.", "frame", "dimension"),
+        "field_rows": ("field_in",),
+        "patches": ("patch_in.",),
+        "decoders": ("patch_out.", "field_out"),
+    }
+    """Named groups of parameters for fine-tuning's settings (train.lr_groups, freeze, init_reset): the shared
+    processor and its frame and dimension embeddings, the field vocabulary's input rows, the patch projections in,
+    and the decoders (the patch projections out and the output rows)."""
+
     def __init__(self, specs: dict[str, TaskSpec], cfg: MultiphysicsConfig):
         super().__init__()
         self.cfg = cfg
@@ -134,6 +145,8 @@ class MultiPhysicsSurrogate(nn.Module):
         # A field's row: weights of its normalised value, a bias, weights of the sample's mean and log-std of it.
         self.field_in = nn.Parameter(torch.randn(len(self.vocabulary), 4, e) * 0.02)
         self.field_out = nn.Parameter(torch.zeros(len(self.vocabulary), e + 1))
+        if cfg.steady_rows:  # a steady task's outputs decoded by rows of their own
+            self.field_out_steady = nn.Parameter(torch.zeros(len(self.vocabulary), e + 1))
         shapes = {geometry(s): (len(s.grid), s.patch_size) for s in self.specs.values()}
         self.patch_in = nn.ModuleDict({k: nn.Linear(p**d * e, width) for k, (d, p) in sorted(shapes.items())})
         self.patch_out = nn.ModuleDict(
@@ -169,16 +182,21 @@ class MultiPhysicsSurrogate(nn.Module):
         tokens = tokens + positions + frames[None, :, None] + self.dimension[len(spec.grid) - 1]
         return tokens, xn, mean, std
 
-    def _fields(self, name: str, spec: TaskSpec, tokens: torch.Tensor, xn: torch.Tensor, mean, std) -> torch.Tensor:
-        """The latest frame's tokens (batch, patches, d_model) -> the prediction (batch, *grid, out_channels)."""
+    def _fields(self, name: str, spec: TaskSpec, tokens: torch.Tensor, x: torch.Tensor, xn: torch.Tensor, mean, std):
+        """The latest frame's tokens (batch, patches, d_model) -> the prediction (batch, *grid, out_channels); ``x``
+        the input frames as given (a prediction of no change is the latest of them, exactly)."""
         features = unpatchify(self.patch_out[geometry(spec)](tokens), spec.grid, spec.patch_size)
-        rows = self.field_out[getattr(self, f"rows_out_{name}")]  # (out, e + 1)
+        table = self.field_out_steady if self.cfg.steady_rows and not spec.autoregressive else self.field_out
+        rows = table[getattr(self, f"rows_out_{name}")]  # (out, e + 1)
         out = features @ rows[:, :-1].T + rows[:, -1]
         if not spec.autoregressive:  # another quantity than the inputs: in the cache's units
             return out
         c = spec.out_channels
         shape = (xn.shape[0], *[1] * len(spec.grid), c)
-        return (xn[:, -1, ..., :c] + out) * std[:, :c].view(shape) + mean[:, :c].view(shape)
+        latest = x[:, -1, ..., :c]
+        if self.cfg.output == "increment" and xn.shape[1] > 1:  # steps in units of the window's own steps
+            return latest + out * step_scale(xn, std)[:, :c].view(shape)
+        return latest + out * std[:, :c].view(shape)
 
     def adapt_initial_state(
         self, state: dict[str, torch.Tensor], source_specs: dict[str, TaskSpec]
@@ -221,10 +239,18 @@ class MultiPhysicsSurrogate(nn.Module):
             tokens, xn, mean, std = self._tokens(name, spec, frames)
             for block in self.blocks:
                 tokens = block(tokens)
-            out[name] = self._fields(name, spec, tokens[:, -1], xn, mean, std)
+            out[name] = self._fields(name, spec, tokens[:, -1], frames, xn, mean, std)
         unused = [m for k, m in [*self.patch_in.items(), *self.patch_out.items()] if k not in used]
         zero = sum(tie(module) for module in unused)
         return {name: y + zero for name, y in out.items()}
+
+
+def step_scale(xn: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """(batch, channels): the root-mean-square change between consecutive input frames, in the cache's units: the
+    scale of a predicted increment. Zero (to rounding) for a field constant over its window, which then stays so."""
+    dims = tuple(range(1, xn.dim() - 1))
+    steps = (xn[:, 1:] - xn[:, :-1]).square().mean(dim=dims)
+    return steps.sqrt() * std + 1e-12
 
 
 def check_specs(specs: dict[str, TaskSpec], cfg: MultiphysicsConfig) -> list[str]:

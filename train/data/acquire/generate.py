@@ -10,6 +10,9 @@ Equations (all on the unit interval / square, cell-centred grids, coordinates ar
 - ``cfd1d``, ``cfd2d``, ``cfd3d``: the compressible Euler equations' exact solution of a density pattern carried
   by a uniform flow at uniform pressure (train.data.acquire.generate_cfd); the coefficient is the largest speed
   of a velocity component, the resolution the points per axis, 21 frames over t = 0..1.
+- ``euler1d``, ``euler2d``: the compressible Euler equations (gamma 5/3) solved by a finite-volume scheme
+  (MUSCL, HLLC, SSP-RK2: train.data.acquire.euler) from smooth or Riemann initial states
+  (train.data.acquire.generate_euler); the coefficient is the chance of a Riemann state, 21 frames over t = 0..0.4.
 - ``darcy2d``: -div(a grad u) = beta, u = 0 on the boundary; a = 1 where a Gaussian-smoothed white-noise field
   exceeds the batch mean, 0.1 elsewhere. Five-point finite volume with harmonic-mean face coefficients, the
   wall half a cell away; exact steady state by a sparse direct solve (PDEBench stores a late pseudo-time
@@ -38,6 +41,8 @@ import numpy as np
 
 from train.atomic import atomic_path
 from train.data.acquire.generate_cfd import write_cfd_fields
+from train.data.acquire.generate_euler import FRAMES as EULER_FRAMES
+from train.data.acquire.generate_euler import write_euler_fields
 from train.errors import StopRequested
 from train.pdes import GENERATED, LAYOUTS
 
@@ -57,7 +62,8 @@ def _check_pde(pde: str) -> None:
 
 
 def _check_coefficient(pde: str, coefficient: float) -> float:
-    name = "nu" if pde == "burgers1d" else "speed" if pde.startswith("cfd") else "beta"
+    name = {"burgers1d": "nu", "euler1d": "riemann", "euler2d": "riemann"}.get(pde)
+    name = name or ("speed" if pde.startswith("cfd") else "beta")
     try:
         value = float(coefficient)
     except (TypeError, ValueError):
@@ -66,6 +72,8 @@ def _check_coefficient(pde: str, coefficient: float) -> float:
         raise ValueError(f"coefficient ({name}) must be finite, got {coefficient!r}")
     if pde == "burgers1d" and value < 0:
         raise ValueError(f"coefficient (nu) must be >= 0 (negative viscosity is ill-posed), got {value}")
+    if pde.startswith("euler") and not 0 <= value <= 1:
+        raise ValueError(f"coefficient (riemann) is the chance of a Riemann initial state: 0 to 1, got {value}")
     return value
 
 
@@ -277,9 +285,9 @@ def _write_darcy(f: h5py.File, n: int, res: int, beta: float, seed: int) -> None
 
 def file_bytes(pde: str, n_samples: int, resolution: int) -> int:
     """The bytes of the arrays a generated file holds (float32): what the disk must have room for."""
-    if pde.startswith("cfd"):
-        dims = LAYOUTS[pde].spatial_dims
-        return 4 * int(n_samples) * CFD_FRAMES * resolution**dims * (2 + dims)
+    if pde.startswith(("cfd", "euler")):
+        dims, frames = LAYOUTS[pde].spatial_dims, CFD_FRAMES if pde.startswith("cfd") else EULER_FRAMES
+        return 4 * int(n_samples) * frames * resolution**dims * (2 + dims)
     per_sample = 2 * resolution**2 if pde == "darcy2d" else N_FRAMES_1D * resolution
     return 4 * int(n_samples) * per_sample
 
@@ -311,6 +319,9 @@ def generate(
         elif pde.startswith("cfd"):
             grid = (params["resolution"],) * LAYOUTS[pde].spatial_dims
             write_cfd_fields(f, params["n_samples"], CFD_FRAMES, grid, params["seed"], coef)
+        elif pde.startswith("euler"):
+            grid = (params["resolution"],) * LAYOUTS[pde].spatial_dims
+            write_euler_fields(f, params["n_samples"], grid, params["seed"], coef)
         else:
             _write_1d(f, pde, params["n_samples"], params["resolution"], coef, params["seed"])
     return params
