@@ -95,7 +95,7 @@ export: install ## A trained run as files that run without this package: RUN=nam
 consolidate: install ## A sharded checkpoint (a .dcp folder of every rank's shards) as one .pt file: RUN=name|folder [CHECKPOINT=latest|best|name OUT=file]
 	$(call checked,$(BIN)/python -m train consolidate --run $(RUN) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(if $(OUT),--output $(OUT)))
 
-bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), the Well demo (well), fine-tuning vs scratch (finetune), published-size data in 4 GB (scale, only when named); BENCH_ARGS="well"
+bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), the Well demo (well), fine-tuning vs scratch (finetune), pretraining (pretrain), its transfer to held-out physics over seeds (transfer), published-size data in 4 GB (scale, only when named); BENCH_ARGS="well"
 	$(call checked,$(BIN)/python -m train.bench $(BENCH_ARGS))
 
 gpu-check: ## On one GPU (~12 min): samples/s + GPU busy, no host sync, time to accuracy, FSDP2, NCCL smoke, bf16, bitwise resume -> runs/gpu-check/ (exit 0 without a GPU)

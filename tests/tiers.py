@@ -1,11 +1,13 @@
 """``make test``: every tier of the suite, two pytest processes at a time (one per 2 cores where there are more
 than 5), each tier (or part of one) a pytest process of its own.
 
-The workers (:func:`workers`) take the tiers from one queue, in the order of :func:`queue`: the longest and
-those that mostly wait first (SLURM's time-limit clock), the integration tier in parts of a few minutes between
-them, so that no worker idles while another still has most of the work (the tiers that wait, the out-of-core
-run inside its memory cgroup, the multinode tier's two boxes, share the cores with those that compute). The
-container tier comes last: Docker's provisioning runs in the background until then. A tier's output is held in a log and
+The computing workers (:func:`workers`) take the tiers from one queue, in the order of :func:`queue`: the
+longest and SLURM's first (its jobs train while its time-limit clock runs), the integration tier in parts of a few
+minutes between them, so that no worker idles while another still has most of the work. The tiers that mostly
+wait (the waits tier's timeouts, the container tier's images and containers) run in a lane of their own beside
+them: in a computing lane they held a place for 5.4 of CI's 45 minutes while their pytest processes used a core
+for 0.6 of them. The container tier comes last in its lane: Docker's provisioning runs in the background until
+then. A tier's output is held in a log and
 printed whole when it ends, so two tiers never interleave; each has its own pytest summary (and
 ``--durations`` list). The end is a table of every tier: its tests, its result and its wall time.
 
@@ -63,6 +65,9 @@ class Tier:
     """User and system CPU time of the tier's pytest and every process it waited for (not SLURM's jobs nor
     Docker's containers, which their daemons start)."""
     summary: str = ""
+    waits: bool = False
+    """The tier mostly waits (on timeouts, on Docker's daemon and its provisioning): it runs in a lane of its own
+    beside the computing tiers rather than taking one of their places."""
 
 
 INTEGRATION = "tests/integration"
@@ -82,7 +87,7 @@ def queue() -> list[Tier]:
     elsewhere = [OUT_OF_CORE, *(path for paths in parts.values() for path in paths)]
     part = {name: Tier(name, paths, marks="not waits") for name, paths in parts.items()}
     return [
-        Tier("slurm", ["tests/slurm"]),
+        Tier("slurm", ["tests/slurm"]),  # its jobs train while SLURM's clocks run: it computes
         part["integration-1"],
         Tier("unit", ["tests/unit"]),
         part["integration-2"],
@@ -92,8 +97,8 @@ def queue() -> list[Tier]:
         part["integration-4"],
         Tier("distributed", ["tests/distributed"]),
         Tier("integration-5", [INTEGRATION], ignore=elsewhere, marks="not waits"),
-        Tier("waits", [INTEGRATION], ignore=[OUT_OF_CORE], marks="waits"),
-        Tier("container", ["tests/container"]),
+        Tier("waits", [INTEGRATION], ignore=[OUT_OF_CORE], marks="waits", waits=True),
+        Tier("container", ["tests/container"], waits=True),
     ]
 
 
@@ -145,7 +150,11 @@ def table(tiers: list[Tier], seconds: float) -> str:
     ]
     cpu = sum(t.cpu_seconds for t in tiers)
     return "\n".join(
-        [f"tests: every tier ({workers()} at a time)", *rows, f"  {'all':<14} {seconds:7.0f} s {cpu:7.0f} CPU s"]
+        [
+            f"tests: every tier ({workers()} computing at a time, and those that wait)",
+            *rows,
+            f"  {'all':<14} {seconds:7.0f} s {cpu:7.0f} CPU s",
+        ]
     )
 
 
@@ -168,7 +177,10 @@ def main(pytest_args: list[str]) -> int:
         # PYTHONDONTWRITEBYTECODE is set (pip compiles what it installs, not an editable install's source).
         for package in ("train", "tests"):
             compileall.compile_dir(Path(__file__).parent.parent / package, quiet=1)
-        threads = [threading.Thread(target=work, args=(pending, pytest_args, Path(folder))) for _ in range(workers())]
+        # The computing tiers in workers() lanes; those that mostly wait in one more, in their order.
+        computing, waiting = [t for t in pending if not t.waits], [t for t in pending if t.waits]
+        lanes = [computing] * workers() + [waiting]
+        threads = [threading.Thread(target=work, args=(lane, pytest_args, Path(folder))) for lane in lanes]
         for thread in threads:
             thread.start()
         for thread in threads:

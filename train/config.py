@@ -440,8 +440,9 @@ class TrainConfig(Section):
     slower than the embeddings and decoders (docs/models.md, 'Fine-tuning onto a new dataset')."""
     init_reset: dict[str, Literal["fresh", "zero"]] = {}
     """With train.init_from: parameter groups (name prefixes or groups the model names) that do not take the
-    source's weights: 'fresh' keeps this run's new initialisation, 'zero' sets them to zero (a multi-physics
-    decoder zeroed starts fine-tuning at "repeat the last frame", as training from scratch does)."""
+    source's weights: 'fresh' keeps this run's new initialisation, 'zero' sets them to zero (the multi-physics
+    model's output rows, field_out, zeroed start fine-tuning at "repeat the last frame", as training from scratch
+    does, with the source's decoder projections kept; zero is refused where it would leave no gradient)."""
     eval_batch_size: int = Field(64, ge=1)
     """Samples per rank per evaluation batch."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
@@ -498,6 +499,11 @@ class CompileConfig(Section):
     """torch.compile mode. reduce-overhead replays the whole step as a CUDA graph with one process; with several,
     or where the model is compiled alone under DDP (whose gradient hooks a replayed CUDA graph would skip), the
     modes that capture CUDA graphs run as their graph-free variant (default, max-autotune-no-cudagraphs)."""
+    backend: Literal["inductor", "aot_eager"] = "inductor"
+    """The compiler behind torch.compile: inductor generates fused kernels (Triton on GPU, C++ on CPU); aot_eager
+    traces the same graphs (rollout, backward, all-reduce, update) and runs them with PyTorch's own kernels. With no
+    code generated it compiles in seconds and gains no speed: to tell a failing code generator from a step that
+    does not hold as one graph, and to check a compiled run's graphs and its replay after a fault on CPU."""
     strict: bool = False
     """Stop (exit 2) when the step cannot be compiled whole (a graph break, named with its place) or compiling
     fails; by default a break compiles the model alone and a failing compiler runs the step eagerly, each with a

@@ -149,7 +149,7 @@ def test_quick_transfer_benchmark_fine_tunes_and_trains_from_scratch_on_held_out
             assert [r["seed"] for r in runs] == [0, 1] and all(math.isfinite(r["test"]) for r in runs)
         assert sorted(held["figures"][arm]) == ["2", "8"]
     assert len(result["targets"]) == 3 and all(isinstance(v, bool) for v in result["targets"].values())
-    assert list(held["variants"]) == ["every weight at one rate (the arm)", "trunk 0.1x", "decoders zeroed"]
+    assert sorted(held["variants"]) == ["every weight at one rate (the arm)", "output rows zeroed", "trunk 0.1x"]
     runs = tmp_path / "w" / "transfer" / "runs"
     tuned, scratch = (
         RunDir(runs / "riemann1d-fine-tuned-n2-s1-lr0.001"),
@@ -157,8 +157,8 @@ def test_quick_transfer_benchmark_fine_tunes_and_trains_from_scratch_on_held_out
     )
     assert tuned.weights_from()["source"] == str(runs / "pretrain") and scratch.weights_from() is None
     assert RunDir(runs / "riemann1d-fine-tuned-trunk-n2-s0-lr0.001").load_config().train.lr_groups == {"trunk": 0.1}
-    zeroed = RunDir(runs / "riemann1d-fine-tuned-decoders-n2-s0-lr0.001").load_config()
-    assert zeroed.train.init_reset == {"decoders": "zero"} and zeroed.train.init_from == str(runs / "pretrain")
+    zeroed = RunDir(runs / "riemann1d-fine-tuned-output-n2-s0-lr0.001").load_config()
+    assert zeroed.train.init_reset == {"field_out": "zero"} and zeroed.train.init_from == str(runs / "pretrain")
     # the seeds' training files: the first trajectories of one pool in another order, the fixed test file beside
     folder = tmp_path / "w" / "transfer" / "held_out" / "riemann1d"
     assert (folder / "riemann1d_test.h5").is_file() and (folder / "n2-s0" / "riemann1d_train.h5").is_file()

@@ -200,9 +200,10 @@ def test_learning_rate_groups_reach_the_optimizer_by_the_models_group_names_or_p
 
 
 @pytest.mark.parametrize("output", ["state", "increment"])
-def test_a_zeroed_decoder_starts_fine_tuning_at_repeat_the_last_frame_exactly(tmp_path, output):
-    """train.init_reset={decoders: zero}: the source's decoders (trained to mean other things) are not carried
-    over; the fine-tuned model starts where training from scratch does, the last input frame, exactly."""
+def test_zeroed_output_rows_start_fine_tuning_at_repeat_the_last_frame_exactly_and_learn(tmp_path, output):
+    """train.init_reset={field_out: zero}: the source's output rows (trained to mean other things) are not carried
+    over; the fine-tuned model starts where training from scratch does, the last input frame, exactly, and its
+    rows get a gradient. Zeroing the whole decoders gave none (a zero projection feeding zero rows): refused."""
     from train.engine.init_from import load_initial_weights
 
     cfg = MultiphysicsConfig(d_model=16, n_heads=2, n_layers=2, field_width=4, output=output)
@@ -212,13 +213,16 @@ def test_a_zeroed_decoder_starts_fine_tuning_at_repeat_the_last_frame_exactly(tm
         for p in source.parameters():
             p.add_(0.1 * torch.randn_like(p))  # trained: every weight, the decoders' too, away from its start
     record = _save(tmp_path, source, pretrain, _config(pretrain, cfg))
-    for reset, exact in (({}, False), ({"decoders": "zero"}, True)):
+    x = inputs({"flow2d": pretrain["flow2d"]}, scale=3.0)["flow2d"]
+    for reset, exact in (({}, False), ({"field_out": "zero"}, True)):
         target = model(pretrain, cfg, seed=2)
         load_initial_weights(target, _config(pretrain, cfg, {"train": {"init_reset": reset}}), record)
-        x = inputs({"flow2d": pretrain["flow2d"]}, scale=3.0)["flow2d"]
-        with torch.no_grad():
-            prediction = target({"flow2d": x})["flow2d"]
-        assert torch.equal(prediction, x[:, -1]) is exact, reset
+        prediction = target({"flow2d": x})["flow2d"]
+        assert torch.equal(prediction.detach(), x[:, -1]) is exact, reset
+        (prediction - x[:, -1] - 1.0).square().mean().backward()
+        assert target.field_out.grad.abs().sum() > 0, reset
+    with pytest.raises(ConfigError, match=r"'zero' on patch_out\..* without a gradient.*\{field_out: zero\}"):
+        load_initial_weights(target, _config(pretrain, cfg, {"train": {"init_reset": {"decoders": "zero"}}}), record)
 
 
 def test_an_increment_keeps_a_field_constant_over_its_window_constant():

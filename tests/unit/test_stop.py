@@ -69,3 +69,30 @@ def test_a_stop_arriving_as_the_command_exits_leaves_its_exit_code(sig):
     after = f"import atexit, os, signal; atexit.register(lambda: os.kill(os.getpid(), signal.{sig}))\n"
     proc = subprocess.run([sys.executable, "-c", after + code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+
+
+def test_a_stop_raised_inside_a_finalizer_prints_nothing_and_still_ends_the_block(monkeypatch):
+    """The signal's handler ran while Python called a weakref's callback (an h5py or numpy object freed
+    mid-write): Python swallows that exception and printed it as a traceback under 'Exception ignored', which
+    read as a crash of a clean stop."""
+    import sys
+    import weakref
+
+    printed = []  # Python's hook for exceptions it cannot raise: the default prints them
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)
+
+    class Freed:
+        pass
+
+    def freed(_ref):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        for _ in range(10_000):  # the handler runs at the interpreter's next check, inside this callback
+            pass
+
+    with pytest.raises(StopRequested, match="stopped by SIGUSR1"), stop_on_signals():
+        obj = Freed()
+        ref = weakref.ref(obj, freed)
+        del obj
+        assert ref() is None
+    assert printed == [], [p.exc_value for p in printed]
+    assert sys.unraisablehook == printed.append, "the hook before the block is back"

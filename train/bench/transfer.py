@@ -118,20 +118,20 @@ SEEDS = (0, 1, 2)
 LRS = (1e-3, 3e-3)
 """The learning rates each arm tries, on the first seed's validation split (per dataset, size and arm); the other
 seeds train at the rate it chose."""
-PRETRAIN = {"epochs": 5, "steps_per_epoch": 400, "warmup_steps": 100, "lr": 1e-3}
+PRETRAIN = {"epochs": 4, "steps_per_epoch": 400, "warmup_steps": 100, "lr": 1e-3}
 DOWNSTREAM = {
-    "epochs": 6,
-    "steps_per_epoch": 50,
+    "epochs": 5,
+    "steps_per_epoch": 40,
     "warmup_steps": 20,
     "objective": "pushforward",
     "early_stop_patience": 2,
 }
-"""Each downstream run: at most 300 steps by pushforward (robust rollouts), validated every 50, stopped after two
+"""Each downstream run: at most 200 steps by pushforward (robust rollouts), validated every 40, stopped after two
 validations without improvement; scored at its best validation (best.pt)."""
 RECIPE: dict = {}
 """The fine-tuned arm's recipe: every weight of the pretrained model at the arm's learning rate (what the variants
 below lost to)."""
-VARIANTS = {"trunk 0.1x": {"lr_groups": {"trunk": 0.1}}, "decoders zeroed": {"init_reset": {"decoders": "zero"}}}
+VARIANTS = {"trunk 0.1x": {"lr_groups": {"trunk": 0.1}}, "output rows zeroed": {"init_reset": {"field_out": "zero"}}}
 """Fine-tuning recipes tried against RECIPE on the smallest size, first seed, at the rate the fine-tuned arm chose."""
 QUICK = {
     "mix": {"burgers": {"n_samples": 32}, "euler2d": {"n_samples": 16, "resolution": 16}},

@@ -46,6 +46,8 @@ class CompileFacts:
     step eager) or 'eager'."""
     why: str | None = None
     """Why the step was not compiled whole, where it was not."""
+    backend: str = "inductor"
+    """The compiler (compile.backend): aot_eager traces the same graphs but generates no code."""
     graphs: int = 0
     """Graphs compiled for training."""
     breaks: list[dict] = field(default_factory=list)
@@ -64,8 +66,8 @@ class CompileFacts:
 class CompileWatch:
     """Collects :class:`CompileFacts` while the trainer runs its steps through :meth:`step`."""
 
-    def __init__(self, mode: str, why: str | None = None):
-        self.facts = CompileFacts(mode, why)
+    def __init__(self, mode: str, why: str | None = None, backend: str = "inductor"):
+        self.facts = CompileFacts(mode, why, backend)
         self._seen: set = set()
         self._measured = False
         self._handler: logging.Handler | None = None
@@ -164,7 +166,8 @@ class CompileWatch:
             return f"torch.compile: off ({f.why})" if f.why else "torch.compile: off"
         outside = "not measured" if f.ops_outside_graphs is None else str(f.ops_outside_graphs)
         parts = [
-            f"torch.compile ({f.mode}{'; ' + f.why if f.why else ''}): {f.graphs} training graph(s) in "
+            f"torch.compile ({f.mode}{'; ' + f.why if f.why else ''}"
+            f"{'' if f.backend == 'inductor' else '; backend ' + f.backend}): {f.graphs} training graph(s) in "
             f"{f.compile_s:.1f} s",
             f"{len(f.breaks)} graph break(s)"
             + (f" (first at {f.breaks[0]['where']}: {f.breaks[0]['reason']})" if f.breaks else ""),

@@ -96,6 +96,15 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
     reset = {}
     for selector, how in cfg.train.init_reset.items():
         reset.update(dict.fromkeys(selected(model, selector, "train.init_reset"), how))
+    zeroable = getattr(model, "zeroable", None)  # a model that says which of its parameters may start at zero
+    stuck = [n for n, how in reset.items() if how == "zero" and zeroable is not None and not n.startswith(zeroable)]
+    if stuck:
+        raise ConfigError(
+            f"train.init_reset: 'zero' on {', '.join(stuck[:4])}{' ...' if len(stuck) > 4 else ''} would leave "
+            f"them without a gradient (a zero layer feeding zero output rows: each is the other's factor); zero "
+            f"only {', '.join(zeroable)} (e.g. {{{zeroable[0]}: zero}}), or start the others from this run's "
+            "initialisation ('fresh')"
+        )
     load = {key: value for key, value in load.items() if reset.get(key) != "fresh"}
     model.load_state_dict(load, strict=False)
     with torch.no_grad():

@@ -105,8 +105,9 @@ class Trainer:
     """One rank's training of a run: ``fit`` for the whole loop; ``train_step``, ``state_dict`` and
     ``load_state_dict`` for callers (tests, the bench) that drive or inspect it step by step."""
 
-    compile_backend: str | Callable = "inductor"
-    """torch.compile's backend for the step (or the model): a seam for tests of a failing compiler."""
+    compile_backend: str | Callable | None = None
+    """torch.compile's backend for the step (or the model) in place of compile.backend: a seam for tests of a
+    failing compiler."""
 
     def __init__(self, cfg: Config, env: DistEnv, tasks: list[TaskData], run: RunDir):
         self.cfg, self.env, self.tasks, self.run = cfg, env, tasks, run
@@ -152,6 +153,7 @@ class Trainer:
         self.trained = Unroll(self.model, self.rolled_out) if self.unroll else self.model
         self.precision = resolve_precision(cfg.train.precision, env.device)
         self.compiling = compile_enabled(cfg.compile, env.device)
+        self.backend = self.compile_backend or cfg.compile.backend
         not_whole = whole_step_unavailable(cfg, env, self.model, self.precision) if self.compiling else None
         whole = self.compiling and not_whole is None
         # The whole step compiled reduces the gradients itself; otherwise DDP (or FSDP2) wraps the model.
@@ -169,12 +171,12 @@ class Trainer:
             self.whole_step = WholeStep(
                 self.model, self._predictions, self.optimizer, cfg, env, self.names,
                 {t.name: cfg.tasks[t.name].loss_weight for t in tasks}, self.rolled_out, self.precision, self.micro,
-                graph_mode(cfg.compile, env), self.compile_backend,
+                graph_mode(cfg.compile, env), self.backend,
             )  # fmt: skip
-            self.watch = CompileWatch("whole step")
+            self.watch = CompileWatch("whole step", backend=str(self.backend))
         elif self.compiling:
-            self.forward = compile_model(self.ddp, cfg.compile, env, self.compile_backend)
-            self.watch = CompileWatch("model", not_whole)
+            self.forward = compile_model(self.ddp, cfg.compile, env, self.backend)
+            self.watch = CompileWatch("model", not_whole, str(self.backend))
         else:
             self.watch = CompileWatch("eager", compile_off_reason(cfg.compile, env.device))
         self.graphed = captures_graphs(cfg.compile, env)
@@ -246,7 +248,7 @@ class Trainer:
             where, _, reason = place.partition(": ")
             self.watch.add_break(f"Graph break in user code at {where}\nGraph Break Reason: {reason}")
             self.watch.facts.mode, self.watch.facts.why = "model", f"a graph break at {where}"
-            self.forward = compile_model(self.ddp, self.cfg.compile, self.env, self.compile_backend)
+            self.forward = compile_model(self.ddp, self.cfg.compile, self.env, self.backend)
         else:
             log.warning("torch.compile failed (%s: %s): the step runs eagerly", type(error).__name__, str(error)[:300])
             self.watch.facts.mode, self.watch.facts.why = "eager", f"the compiler failed: {str(error)[:200]}"

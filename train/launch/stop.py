@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -37,6 +38,20 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise StopRequested(StopRequested.pending)
 
 
+def _quiet_lost_stop(previous):
+    """An unraisable-exception hook that keeps silent about a stop: the signal's handler ran inside a callback
+    whose exceptions Python swallows (a weakref's or a finalizer's, an h5py or numpy object freed mid-write) and
+    the default hook printed a traceback under 'Exception ignored', which reads as a crash. The stop is recorded
+    (``StopRequested.pending``); the next ``check`` (the write's, the generator's next chunk, the block's end)
+    raises it."""
+
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, StopRequested):
+            previous(unraisable)
+
+    return hook
+
+
 @contextlib.contextmanager
 def stop_on_signals(exiting: bool = False) -> Iterator[None]:
     """Turn SIGTERM, SIGUSR1 and SIGHUP into StopRequested for the duration of the block (main thread only).
@@ -47,10 +62,12 @@ def stop_on_signals(exiting: bool = False) -> Iterator[None]:
     that found no trial left is COMPLETED), not as killed by the signal while the interpreter shuts down."""
     StopRequested.pending = None
     previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
+    unraisable, sys.unraisablehook = sys.unraisablehook, _quiet_lost_stop(sys.unraisablehook)
     try:
         yield
         StopRequested.check()  # a stop whose exception was lost still ends the command with its exit code
     finally:
+        sys.unraisablehook = unraisable
         StopRequested.pending = None
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_IGN if exiting else handler)

@@ -125,6 +125,10 @@ class MultiPhysicsSurrogate(nn.Module):
     """Named groups of parameters for fine-tuning's settings (train.lr_groups, freeze, init_reset): the shared
     processor and its frame and dimension embeddings, the field vocabulary's input rows, the patch projections in,
     and the decoders (the patch projections out and the output rows)."""
+    zeroable: ClassVar[tuple[str, ...]] = ("field_out",)
+    """What train.init_reset may set to zero: the output rows, which a fresh model starts at zero too. Zeroed with
+    the projections before them, neither gets a gradient (each is the other's factor) and the model never moves
+    from "repeat the last frame"."""
 
     def __init__(self, specs: dict[str, TaskSpec], cfg: MultiphysicsConfig):
         super().__init__()
