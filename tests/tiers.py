@@ -3,13 +3,12 @@ than 5), each tier (or part of one) a pytest process of its own.
 
 The computing workers (:func:`workers`) take the tiers from one queue, in the order of :func:`queue`: the
 longest and SLURM's first (its jobs train while its time-limit clock runs), the integration tier in parts of a few
-minutes between them, so that no worker idles while another still has most of the work. The tiers that mostly
-wait (the waits tier's timeouts, the container tier's images and containers) run in a lane of their own beside
-them: in a computing lane they held a place for 5.4 of CI's 45 minutes while their pytest processes used a core
-for 0.6 of them. The container tier comes last in its lane: Docker's provisioning runs in the background until
-then. A tier's output is held in a log and
-printed whole when it ends, so two tiers never interleave; each has its own pytest summary (and
-``--durations`` list). The end is a table of every tier: its tests, its result and its wall time.
+minutes between them, so that no worker idles while another still has most of the work. The container tier comes
+last: Docker's provisioning runs in the background until then, and its image builds, run beside the first tiers,
+made the cache-io benchmark's test seven times slower (disk against disk). The waits tier, whose tests wait on
+timeouts, runs in a lane of its own beside the computing ones rather than taking one of their places. A
+tier's output is held in a log and printed whole when it ends, so two tiers never interleave; each has its own
+pytest summary (and ``--durations`` list). The end is a table of every tier: its tests, its result and its wall time.
 
 The exit code is the first failing tier's own (pytest's: 1 a test failed, 2 interrupted, 3 an internal error,
 4 a usage error), or 5 when no tier ran a test. ``python -m tests.tiers [pytest arguments]``; the arguments go
@@ -66,8 +65,8 @@ class Tier:
     Docker's containers, which their daemons start)."""
     summary: str = ""
     waits: bool = False
-    """The tier mostly waits (on timeouts, on Docker's daemon and its provisioning): it runs in a lane of its own
-    beside the computing tiers rather than taking one of their places."""
+    """The tier mostly waits (on timeouts): it runs in a lane of its own beside the computing tiers rather than
+    taking one of their places."""
 
 
 INTEGRATION = "tests/integration"
@@ -97,8 +96,8 @@ def queue() -> list[Tier]:
         part["integration-4"],
         Tier("distributed", ["tests/distributed"]),
         Tier("integration-5", [INTEGRATION], ignore=elsewhere, marks="not waits"),
+        Tier("container", ["tests/container"]),
         Tier("waits", [INTEGRATION], ignore=[OUT_OF_CORE], marks="waits", waits=True),
-        Tier("container", ["tests/container"], waits=True),
     ]
 
 

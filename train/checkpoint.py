@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import xxhash
 
 from train import checkpoint_shards as shards
 from train.atomic import atomic_path
+from train.checkpoint_seal import INTEGRITY, payload_digest, sealed, state_bytes, tampered  # noqa: F401 (theirs too)
 from train.config import ModelConfig, flatten, migrate_model_keys, model_keys_in_use
 from train.errors import ConfigError, DataError
+from train.hashing import file_digest
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,6 @@ DATA = "data"
 checksum}}``): a launch refuses to continue it on other data (train.run_data)."""
 WEIGHTS_FROM = "weights_from"
 """With train.init_from: the checkpoint the initial weights came from, as the first launch resolved it."""
-INTEGRITY = "integrity"
-"""The checksum of every other component, written at save time (:func:`payload_digest`): a checkpoint whose
-bytes changed afterwards (bit rot, a partial copy, an edit) fails its load instead of resuming from garbage."""
 
 
 @dataclass
@@ -117,60 +115,6 @@ def best_checkpoint(folder: Path) -> Path | None:
 def latest_checkpoint(folder: Path) -> Path | None:
     found = list_checkpoints(folder)
     return found[-1] if found else None
-
-
-def state_bytes(state: Any) -> int:
-    """The bytes of every tensor in a (nested) state: about what torch.save writes, for a full disk's message."""
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(state_bytes(v) for v in state.values())
-    if isinstance(state, list | tuple):
-        return sum(state_bytes(v) for v in state)
-    return 0
-
-
-def _digest(value: Any, h) -> None:
-    """Feed ``value`` to ``h`` in a canonical order: dict items sorted by key, each tensor as its dtype, shape
-    and bytes, every other leaf as its type and repr (what a load gives back equal, hashes equal)."""
-    if isinstance(value, torch.Tensor):
-        t = value.detach().cpu().contiguous()
-        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
-    elif isinstance(value, dict):
-        h.update(f"D{len(value)}".encode())
-        for key in sorted(value, key=lambda k: (type(k).__name__, repr(k))):
-            _digest(key, h)
-            _digest(value[key], h)
-    elif isinstance(value, list | tuple):
-        h.update(f"{type(value).__name__[0]}{len(value)}".encode())
-        for item in value:
-            _digest(item, h)
-    else:
-        h.update(f"{type(value).__name__}:{value!r};".encode())
-
-
-def payload_digest(state: dict[str, Any]) -> str:
-    """xxh3-128 of every component of ``state`` but INTEGRITY (memory speed: about a second per 10 GB)."""
-    h = xxhash.xxh3_128()
-    _digest({k: v for k, v in state.items() if k != INTEGRITY}, h)
-    return h.hexdigest()
-
-
-def sealed(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` with its INTEGRITY record, as every checkpoint is written."""
-    return {**state, INTEGRITY: {"xxh3_128": payload_digest(state)}}
-
-
-def tampered(state: dict[str, Any]) -> str | None:
-    """Why a loaded ``state`` is not what was saved (its payload no longer matches the checksum written with it),
-    or None when it matches. A checkpoint written before checksums were (none recorded) is taken as it is."""
-    recorded = state.get(INTEGRITY, {}).get("xxh3_128") if isinstance(state.get(INTEGRITY), dict) else None
-    if recorded is None:
-        return None
-    now = payload_digest(state)
-    return None if now == recorded else f"its payload hashes to {now}, but {recorded} was written with it"
 
 
 def save_checkpoint(folder: Path, step: int, state: dict[str, Any], keep: int) -> Path:
@@ -232,6 +176,16 @@ def load_checkpoint(path: Path, data: bytes | None = None, advice: str = LAUNCH_
     return state
 
 
+def consolidate(path: Path, output: Path | None = None) -> Path:
+    """Write the sharded checkpoint ``path`` as one .pt file (default: ``<its folder>/consolidated/<name>.pt``,
+    outside the checkpoint patterns), atomically and sealed with its checksum as every file checkpoint is."""
+    state = load_checkpoint(path, advice=USE_ADVICE)  # checked against its manifest first
+    output = output or path.parent / "consolidated" / f"{path.stem}.pt"
+    with atomic_path(output, needed=state_bytes(state)) as tmp:
+        torch.save(sealed(state), tmp)
+    return output
+
+
 def _refuse(path: Path, why: str, advice: str = LAUNCH_ADVICE) -> None:
     if path.is_file() and path.suffix not in (".pt", ".pth", ".ckpt") and checkpoint_step(path.name) is None:
         why = f"{why}; it is not a checkpoint (a .pt file training wrote, or a {shards.SUFFIX} folder)"
@@ -250,9 +204,7 @@ def small_components(path: Path) -> dict[str, Any]:
 def checkpoint_sha1(path: Path) -> str:
     """What a checkpoint's bytes hash to: a file's SHA1, or a sharded checkpoint's manifest's (which names every
     file's checksum)."""
-    from train.remote.store import sha1_of
-
-    return sha1_of(shards.content_file(path))
+    return file_digest(shards.content_file(path), "sha1")["sha1"]
 
 
 def misnamed(path: Path, state: dict[str, Any]) -> str | None:

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import xxhash
 
+from train import hashing
 from train.atomic import fsync_dir
+from train.checkpoint_seal import INTEGRITY, sealed, state_bytes, tampered
 from train.errors import ConfigError, DataError, DistributedError
 
 SUFFIX = ".dcp"
@@ -42,11 +43,8 @@ def is_sharded_checkpoint(path: Path) -> bool:
 
 
 def file_digest(path: Path) -> dict[str, Any]:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return {"bytes": path.stat().st_size, "xxh3_128": h.hexdigest()}
+    """A shard's manifest entry: its size and xxh3-128."""
+    return {"bytes": path.stat().st_size, **hashing.file_digest(path, "xxh3_128")}
 
 
 def save_shards(
@@ -97,8 +95,6 @@ def save_shards(
 
 
 def _seal_folder(partial: Path, final: Path, components: dict | None, digests: list[dict]) -> None:
-    from train.checkpoint import sealed
-
     with open(partial / COMPONENTS, "wb") as f:
         torch.save(sealed(components or {}), f)
         f.flush()
@@ -157,7 +153,6 @@ def folder_bytes(state: Any, ranks: int) -> int:
     """About what a sharded checkpoint of ``state`` (the model's and optimizer's state dicts, DTensors at their
     full size) takes on disk, written by ``ranks`` ranks: the tensors' bytes, and every rank's shard of every
     tensor at ITEM_BYTES. For a model of many small tensors the per-shard cost is most of it."""
-    from train.checkpoint import state_bytes
 
     def tensors(value: Any) -> int:
         if isinstance(value, torch.Tensor):
@@ -242,8 +237,6 @@ def consolidated(path: Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from train.checkpoint import INTEGRITY
-
     # The empty planner fills ``state`` with whatever the metadata names, whole: what dcp_to_torch_save does.
     state: dict[str, Any] = {}
     reader, planner = dcp.FileSystemReader(path), _EmptyStateDictLoadPlanner()
@@ -254,24 +247,9 @@ def consolidated(path: Path) -> dict[str, Any]:
     return {**rest, "model": state.get("model", {}), "optimizer": by_position(optimizer, names)}
 
 
-def consolidate(path: Path, output: Path | None = None) -> Path:
-    """Write the sharded checkpoint ``path`` as one .pt file (default: ``<its folder>/consolidated/<name>.pt``,
-    outside the checkpoint patterns), atomically and sealed with its checksum as every file checkpoint is."""
-    from train.atomic import atomic_path
-    from train.checkpoint import USE_ADVICE, load_checkpoint, sealed, state_bytes
-
-    state = load_checkpoint(path, advice=USE_ADVICE)  # checked against its manifest first
-    output = output or path.parent / "consolidated" / f"{path.stem}.pt"
-    with atomic_path(output, needed=state_bytes(state)) as tmp:
-        torch.save(sealed(state), tmp)
-    return output
-
-
 def damaged(path: Path) -> str | None:
     """Why the folder ``path`` is not an intact sharded checkpoint (a file missing, of another size or content
     than its manifest says, its components' own checksum failing), or None when it is."""
-    from train.checkpoint import tampered
-
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         files = manifest["files"]

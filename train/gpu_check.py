@@ -36,7 +36,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -61,46 +60,6 @@ def _metrics(name: str, run: str) -> list[dict]:
 
 def _tail(proc: subprocess.CompletedProcess) -> str:
     return (proc.stdout + proc.stderr)[-2000:]
-
-
-class GpuUtilisation:
-    """nvidia-smi's utilisation.gpu sampled every 200 ms while a run trains."""
-
-    def __init__(self) -> None:
-        self.samples: list[float] = []
-        self.times: list[float] = []  # time.monotonic() of each sample
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stop.wait(0.2):
-            try:
-                out = subprocess.run(
-                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0"],
-                    capture_output=True, text=True, timeout=5,
-                )  # fmt: skip
-                self.samples.append(float(out.stdout.split()[0]))
-                self.times.append(time.monotonic())
-            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-                return
-
-    def __enter__(self) -> GpuUtilisation:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def busy(self) -> float | None:
-        """Mean utilisation over the samples after the first nonzero one (start-up and compiling excluded)."""
-        started = next((i for i, v in enumerate(self.samples) if v > 0), None)
-        return None if started is None else sum(self.samples[started:]) / len(self.samples[started:])
-
-    def busy_between(self, start: float, stop: float) -> float | None:
-        """Mean utilisation of the samples taken between two ``time.monotonic()`` times."""
-        inside = [v for t, v in zip(self.times, self.samples, strict=True) if start <= t <= stop]
-        return sum(inside) / len(inside) if inside else None
 
 
 def check_smoke() -> dict:
@@ -196,6 +155,8 @@ def check_resume() -> dict:
 
 
 def _speed(name: str, argv: list[str]) -> dict:
+    from train.bench.gpu_perf import GpuUtilisation
+
     with GpuUtilisation() as gpu:
         proc = _run([*TRAIN, "run", *argv, "--run", name, *_folders("speed")], timeout=480)
     records = [r for r in _metrics("speed", name) if "loss" in r][1:]  # the first window holds compiling
@@ -332,6 +293,8 @@ def check_accuracy() -> dict:
         f"--set=train.steps_per_epoch={per_epoch}",
         "--set=train.val_every=null",
     ]
+    from train.bench.gpu_perf import GpuUtilisation
+
     with GpuUtilisation() as gpu:
         proc = _run([*TRAIN, "run", "--config", str(config), "--nproc", "1", *settings, "--run", "accuracy",
                      *_folders("perf")], timeout=budget * 3 + 300)  # fmt: skip

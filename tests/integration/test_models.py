@@ -76,14 +76,15 @@ def test_fno_trained_with_its_whole_step_compiled_scores_as_eager(tmp_path):
     """The FNO through torchrun, with the whole step compiled by inductor on each rank (forward, loss, gradients,
     their all-reduce and AdamW: one graph, no break, its spectral layers included) and eagerly under DDP: the two
     runs score alike. One step (tests/unit/test_compiled_step.py compiles pushforward's graph per rollout length:
-    here each took a minute of generated code on 2 cores). The compiled run asks for reduce-overhead, whose CUDA
+    here each took a minute of generated code on 2 cores; 2 spectral layers, not 4, for the same reason). The
+    compiled run asks for reduce-overhead, whose CUDA
     graphs CPU ranks cannot capture: coerced to the default mode. (The eager run is the FNO trained through
     torchrun, which a resume with another model must not continue.)"""
     scores = {}
     for compiled in (False, True):
         run = f"compiled_{compiled}".lower()
         proc = run_cli(
-            "run", *TINY, *folders(tmp_path), "--run", run, "--set", "model.name=fno",
+            "run", *TINY, *folders(tmp_path), "--run", run, "--set", "model.name=fno", "--set", "model.fno.layers=2",
             "--set", f"compile.enabled={str(compiled).lower()}", "--set", "compile.mode=reduce-overhead",
             timeout=240 * startup_s(),
         )  # fmt: skip

@@ -76,7 +76,7 @@ def test_every_built_in_model_traces_whole_forward_and_backward(name):
 
 def _advection_config(tmp: Path, precision: str) -> Path:
     """configs/gpu.yaml with its advection task alone, at test size: its FNO, pushforward over 2 steps (not 4:
-    each rollout length is a graph of its own, and inductor's code for each took half a minute of CI's cores)."""
+    each rollout length is a graph of its own, and inductor's code for four took two minutes of CI's cores)."""
     cfg = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())
     task = {**cfg["tasks"]["advection1d"], "n_samples": 24, "batch_size": 8}
     cfg["tasks"] = {"advection1d": task}

@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import statistics
+import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -51,6 +53,46 @@ def advection_config(out: Path, toy: bool) -> Path:
     path = out / "advection.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+class GpuUtilisation:
+    """nvidia-smi's utilisation.gpu sampled every 200 ms while a run trains."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self.times: list[float] = []  # time.monotonic() of each sample
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0"],
+                    capture_output=True, text=True, timeout=5,
+                )  # fmt: skip
+                self.samples.append(float(out.stdout.split()[0]))
+                self.times.append(time.monotonic())
+            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+                return
+
+    def __enter__(self) -> GpuUtilisation:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def busy(self) -> float | None:
+        """Mean utilisation over the samples after the first nonzero one (start-up and compiling excluded)."""
+        started = next((i for i, v in enumerate(self.samples) if v > 0), None)
+        return None if started is None else sum(self.samples[started:]) / len(self.samples[started:])
+
+    def busy_between(self, start: float, stop: float) -> float | None:
+        """Mean utilisation of the samples taken between two ``time.monotonic()`` times."""
+        inside = [v for t, v in zip(self.times, self.samples, strict=True) if start <= t <= stop]
+        return sum(inside) / len(inside) if inside else None
 
 
 class Records:
@@ -115,7 +157,6 @@ class Bench:
     def trainer(self, name: str, overrides: list[str], during=None) -> dict:
         """One fit of the trainer; samples/s, step time and data wait of its steady windows, GPU busy then."""
         from train.engine.trainer import Trainer
-        from train.gpu_check import GpuUtilisation
 
         cfg = self.cfg(name, overrides)
         run = self.run_dir(cfg)

@@ -13,13 +13,11 @@ import json
 import os
 from pathlib import Path
 
-import xxhash
-
 from train.atomic import write_json_atomic
 from train.errors import DataError
+from train.hashing import file_digest
 
 ALGORITHM = "xxh3_128"
-_CHUNK = 8 << 20
 
 
 def _identity(st: os.stat_result) -> list[int]:
@@ -28,13 +26,7 @@ def _identity(st: os.stat_result) -> list[int]:
 
 def hash_file(path: Path) -> str:
     """xxh3-128 of the whole file: ~10 GB/s, so the read, not the hash, sets the pace."""
-    digest = xxhash.xxh3_128()
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-            digest.update(view[:n])
-    return digest.hexdigest()
+    return file_digest(path, ALGORITHM)[ALGORITHM]
 
 
 class ChecksumMemo:

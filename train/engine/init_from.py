@@ -17,7 +17,6 @@ Any other parameter must be in the source with the same shape: a mismatch names 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from train.checkpoint import CONFIG, MODEL, SPECS, load_checkpoint
 from train.config import Config
 from train.engine.param_groups import names_of, selected
 from train.errors import ConfigError
+from train.hashing import file_digest
 from train.model.specs import spec_from_record
 
 log = logging.getLogger(__name__)
@@ -38,11 +38,7 @@ def sha256_of(path: Path) -> str:
     of every file in it."""
     from train.checkpoint_shards import content_file
 
-    digest = hashlib.sha256()
-    with open(content_file(path), "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_digest(content_file(path), "sha256")["sha256"]
 
 
 def _task_of(key: str, tasks: set[str]) -> str | None:

@@ -21,6 +21,7 @@ from torch import nn
 
 from train.config import ModelConfig
 from train.errors import ConfigError
+from train.hashing import file_digest
 from train.model.builtin import MODELS, build_builtin
 from train.model.specs import TaskSpec
 
@@ -78,7 +79,7 @@ def factory_source(name: str) -> dict[str, str] | None:
         if spec is None or not spec.origin or not Path(spec.origin).is_file():
             return None
         path = Path(spec.origin)
-    return {"file": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {"file": str(path), "sha256": file_digest(path, "sha256")["sha256"]}
 
 
 def forward_failed(model_name: str, error: Exception, shapes: Mapping[str, tuple[int, ...]]) -> ConfigError:

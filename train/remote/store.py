@@ -11,7 +11,6 @@ vouch for is an upload failure. The credentials are those of data downloads and 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import shutil
@@ -24,10 +23,9 @@ from train.data.acquire.stores.base import RemoteFile, check_name
 from train.data.acquire.stores.local import LocalStore
 from train.disk import human
 from train.errors import ConfigError, DataError, DiskFullError
+from train.hashing import file_digest
 
 log = logging.getLogger(__name__)
-
-CHUNK = 1 << 20
 
 
 class UploadFailed(DataError):
@@ -46,11 +44,7 @@ class LocalFile:
 
 
 def sha1_of(path: Path) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_digest(path, "sha1")["sha1"]
 
 
 class _Verifying:

@@ -18,7 +18,6 @@ Guarantees:
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import json
 import logging
 import sys
@@ -31,7 +30,6 @@ from tqdm import tqdm
 
 from train.atomic import atomic_path, write_json_atomic
 from train.data.acquire.stores.base import (
-    CHUNK,
     UNREACHABLE,
     Progress,
     RemoteFile,
@@ -44,6 +42,7 @@ from train.data.acquire.stores.local import LocalStore
 from train.data.node_lock import node_lock
 from train.disk import human
 from train.errors import DataError
+from train.hashing import file_digest
 
 log = logging.getLogger(__name__)
 
@@ -69,20 +68,12 @@ def _sha256_file(path: Path) -> str:
 
 def _digests(path: Path) -> tuple[str, str]:
     """SHA-1 (what B2 records) and SHA-256 (what the run's provenance records) of a file, in one read."""
-    sha1, sha256 = hashlib.sha1(), hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            sha1.update(chunk)
-            sha256.update(chunk)
-    return sha1.hexdigest(), sha256.hexdigest()
+    digests = file_digest(path, "sha1", "sha256")
+    return digests["sha1"], digests["sha256"]
 
 
 def _sha1_file(path: Path) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_digest(path, "sha1")["sha1"]
 
 
 def _source(store: Store, name: str) -> str:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from train.data.acquire.stores.base import CHUNK, Progress, RemoteFile, check_name, join
 from train.disk import looks_full
 from train.errors import DataError
+from train.hashing import hashers
 
 
 class LocalStore:
@@ -31,7 +31,7 @@ class LocalStore:
         return sorted(join(folder, p.name) for p in path.iterdir() if p.is_file()) if path.is_dir() else []
 
     def download(self, name: str, dest: Path, progress: Progress | None = None) -> str:
-        h = hashlib.sha1()
+        h = hashers("sha1")["sha1"]
         try:
             with open(self.path(name), "rb") as src, open(dest, "wb") as out:
                 while chunk := src.read(CHUNK):
