@@ -4,8 +4,7 @@ than 5), each tier (or part of one) a pytest process of its own.
 The computing workers (:func:`workers`) take the tiers from one queue, in the order of :func:`queue`: the
 longest and SLURM's first (its jobs train while its time-limit clock runs), the integration tier in parts of a few
 minutes between them, so that no worker idles while another still has most of the work. The container tier comes
-last: Docker's provisioning runs in the background until then, and its image builds, run beside the first tiers,
-made the cache-io benchmark's test seven times slower (disk against disk). The waits tier, whose tests wait on
+last: Docker's provisioning runs in the background until then. The waits tier, whose tests wait on
 timeouts, runs in a lane of its own beside the computing ones rather than taking one of their places. A
 tier's output is held in a log and printed whole when it ends, so two tiers never interleave; each has its own
 pytest summary (and ``--durations`` list). The end is a table of every tier: its tests, its result and its wall time.
