@@ -63,7 +63,7 @@ class FetchResult:
 
 
 def _sha256_file(path: Path) -> str:
-    return _digests(path)[1]
+    return file_digest(path, "sha256")["sha256"]
 
 
 def _digests(path: Path) -> tuple[str, str]:
