@@ -30,7 +30,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, fn: Callable, world_size: int, port: int, args: tuple) -> None:
+def _entry(rank: int, fn: Callable, world_size: int, port: int, environ: dict, args: tuple) -> None:
+    os.environ.clear()
+    os.environ.update(environ)  # the caller's, as it is now: the forkserver's is as it was when it started
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -42,13 +44,21 @@ def _entry(rank: int, fn: Callable, world_size: int, port: int, args: tuple) -> 
     )
     import torch
 
-    torch.set_num_threads(1)  # torch was imported (unpickling this function) before OMP_NUM_THREADS was set
+    torch.set_num_threads(1)  # torch was imported (by the forkserver) before OMP_NUM_THREADS was set
     fn(rank, *args)
 
 
+# Importing torch costs a process seconds of CPU on CI's two cores: the ranks are forked from one server that
+# imported it once per test process (multiprocessing's forkserver), a process of its own with no thread and no
+# process group, rather than each one importing it again.
+mp.set_forkserver_preload(["torch", "torch.distributed", "train.engine.trainer", "tests.helpers"])
+
+
 def run_ranks(fn: Callable, world_size: int, *args) -> None:
-    """Run ``fn(rank, *args)`` in ``world_size`` fresh processes set up like torchrun's ranks (gloo)."""
-    mp.start_processes(_entry, args=(fn, world_size, free_port(), args), nprocs=world_size, start_method="spawn")
+    """Run ``fn(rank, *args)`` in ``world_size`` new processes set up like torchrun's ranks (gloo)."""
+    mp.start_processes(
+        _entry, args=(fn, world_size, free_port(), dict(os.environ), args), nprocs=world_size, start_method="forkserver"
+    )
 
 
 def run_cli(*args: str, cwd: Path = REPO, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
