@@ -73,20 +73,26 @@ def test_quick_trainer_benchmark_writes_every_figure(tmp_path):
 
 
 def test_quick_models_benchmark_trains_every_model_and_objective_and_tabulates_them(tmp_path):
-    from train.bench.models import ENTRIES
+    from train.bench.models import ENTRIES, QUICK_ENTRIES
 
     proc = bench(tmp_path, "models")
     result = json.loads((tmp_path / "models.json").read_text())
-    assert [(e["model"], e["objective"]) for e in result["entries"]] == list(ENTRIES)
+    assert [(e["model"], e["objective"]) for e in result["entries"]] == list(QUICK_ENTRIES)
+    assert {e[0] for e in QUICK_ENTRIES} == {e[0] for e in ENTRIES} and {e[1] for e in QUICK_ENTRIES} == {
+        e[1] for e in ENTRIES
+    }
+    assert result["setup"]["ranks"] == 1
     for e in result["entries"]:
         assert e["parameters"] > 1000 and e["step_time_s"] > 0 and e["steps"] == 8, e
         assert set(e["nrmse"]) == {"advection1d", "darcy2d"} and all(math.isfinite(v) for v in e["nrmse"].values())
     # Different models and objectives train different weights, so their scores differ.
-    assert len({e["nrmse"]["advection1d"] for e in result["entries"]}) == len(ENTRIES)
+    assert len({e["nrmse"]["advection1d"] for e in result["entries"]}) == len(QUICK_ENTRIES)
     assert len({e["parameters"] for e in result["entries"]}) == 3
     table = (tmp_path / "models.md").read_text()
     assert "PDEBench FNO, published" in table and table in proc.stdout
-    assert sum(line.startswith(("| fno", "| unet", "| transformer")) for line in table.splitlines()) == len(ENTRIES)
+    assert sum(line.startswith(("| fno", "| unet", "| transformer")) for line in table.splitlines()) == len(
+        QUICK_ENTRIES
+    )
 
 
 def test_quick_remote_benchmark_mirrors_checkpoints_and_writes_the_ratio(tmp_path):

@@ -64,6 +64,7 @@ def test_a_signal_to_the_launcher_reaches_the_ranks_and_sets_the_exit_code(tmp_p
     import signal
 
     args = ["run", "--config", "configs/tiny.yaml", "--nproc", "2", "--set", "train.steps_per_epoch=100000"]
+    startup_s()  # measured before the launch, not while it runs
     proc = subprocess.Popen([sys.executable, "-m", "train", *args, *folders(tmp_path)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     log = tmp_path / "runs" / "tiny" / "logs" / "rank1.log"

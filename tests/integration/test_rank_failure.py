@@ -37,6 +37,7 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
 )
 def test_a_rank_killed_by_a_signal_is_named_first_with_the_shells_exit_code(tmp_path, sig, hint):
     args = ["run", "--config", "configs/tiny.yaml", "--nproc", "2", "--set", "train.steps_per_epoch=100000"]
+    startup_s()  # measured before the launch, not while it runs
     proc = subprocess.Popen(
         [sys.executable, "-m", "train", *args, *folders(tmp_path)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers import REPO
+from tests.helpers import REPO, startup_s
 
 SUBNET = "10.231.{}.{}"  # addresses of the test's own namespaces, reached only through its veth pair
 
@@ -39,6 +39,7 @@ class Box:
 
     def popen(self, *args: str, env: dict, log: Path) -> subprocess.Popen:
         """``python -m train ARGS`` on this box, output into ``log``, in a session of its own."""
+        startup_s()  # measured before the launch, not while it runs
         with open(log, "w") as output:
             return subprocess.Popen(
                 self.command(sys.executable, "-m", "train", *args),

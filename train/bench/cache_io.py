@@ -233,6 +233,9 @@ def _loaders(kind: str, infos: dict, sources: dict, rank: int, steps: int, queue
 
 
 def _rank(rank: int, kind: str, infos: dict, sources: dict, steps: int, warmup: int, queue, events, barrier) -> None:
+    # Workers forked, as a torchrun rank's are: a process started by spawn would spawn them too (each importing
+    # torch again: most of a quick run's CPU time, and not what training does).
+    mp.set_start_method("fork", force=True)
     torch.set_num_threads(1)
     before = pss_bytes(os.getpid())
     loaders = _loaders(kind, infos, sources, rank, steps + warmup, queue, events[0])

@@ -2,10 +2,11 @@
 default data for the same wall-clock budget, then scored on the test split.
 
 Every entry is configs/default.yaml with model.name and train.objective set (each model with its own default
-settings), on 2 gloo ranks without torch.compile. An entry first runs a short calibration launch to measure
-its step time, then trains ``budget / step time`` steps (4 epochs, validated by rollout nRMSE after each, the
-best checkpoint evaluated) and reports its parameters, step time, steps done and test nRMSE per task. Entries
-run one after another: the machine's load shows up in every entry's step time, which the table records.
+settings), on 2 gloo ranks without torch.compile (--quick: one rank, each model and each objective once). An entry
+first runs a short calibration launch to measure its step time, then trains ``budget / step time`` steps (4 epochs,
+validated by rollout nRMSE after each, the best checkpoint evaluated) and reports its parameters, step time, steps
+done and test nRMSE per task. Entries run one after another: the machine's load shows up in every entry's step
+time, which the table records.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ ENTRIES = (
     ("unet", "one_step"),
     ("unet", "pushforward"),
 )
+# --quick checks the harness, not the figures: every model and every objective once, on one rank (each entry is a
+# launch, and a launch's ranks importing torch cost most of a quick entry's CPU time).
+QUICK_ENTRIES = (("transformer", "one_step"), ("fno", "pushforward"), ("fno", "unrolled"), ("unet", "one_step"))
+QUICK_RANKS = 1
 CALIBRATION_STEPS, CALIBRATION_WARMUP = 30, 10
 LOG_EVERY = 10  # steps per logging window, whose mean step time the metrics record
 EPOCHS = 4
@@ -61,7 +66,7 @@ def config(workdir: Path, model: str, objective: str, overrides: list[str], quic
             "train.rollout_steps=3" if quick else "train.rollout_steps=4",
             "compile.enabled=false",
             "dist.backend=gloo",
-            f"dist.nproc={RANKS}",
+            f"dist.nproc={QUICK_RANKS if quick else RANKS}",
             "train.checkpoint_every=null",
             "train.val_every=null",
             f"train.log_every={LOG_EVERY}",
@@ -79,7 +84,7 @@ def _launch(cfg: Config, folders: dict, stages: str) -> RunDir:
     shutil.rmtree(run.root, ignore_errors=True)  # nothing of an earlier bench carries over
     run.prepare(cfg)
     run.write_inputs(folders)
-    launch(run, RANKS, cfg, ["--stages", stages], module="train.worker")
+    launch(run, int(cfg.dist.nproc), cfg, ["--stages", stages], module="train.worker")
     return run
 
 
@@ -125,8 +130,9 @@ def entry(workdir: Path, model: str, objective: str, budget_s: float, quick: boo
     }
 
 
-def run(out: Path, workdir: Path, budget_s: float, quick: bool, entries=ENTRIES) -> dict:
-    """Every entry in turn; writes models.json/.md."""
+def run(out: Path, workdir: Path, budget_s: float, quick: bool, entries=None) -> dict:
+    """Every entry in turn (``ENTRIES``, or ``QUICK_ENTRIES`` with ``quick``); writes models.json/.md."""
+    entries = entries or (QUICK_ENTRIES if quick else ENTRIES)
     workdir = workdir.resolve()
     first = config(workdir, *entries[0], [], quick)
     load_before = os.getloadavg()[0]
@@ -136,7 +142,7 @@ def run(out: Path, workdir: Path, budget_s: float, quick: bool, entries=ENTRIES)
         "machine": machine_figures(load_before),
         "setup": {
             "config": f"configs/{'tiny' if quick else 'default'}.yaml",
-            "ranks": RANKS,
+            "ranks": QUICK_RANKS if quick else RANKS,
             "budget_s": budget_s,
             "epochs": EPOCHS,
             "batch_size": {n: t.batch_size for n, t in first.tasks.items()},
