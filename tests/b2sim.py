@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from b2sdk.v2 import B2Api, B2HttpApiConfig, InMemoryAccountInfo, RawSimulator
 
-from train.data.acquire.stores import open_store
-from train.data.acquire.stores.b2 import B2Store
+from train.stores import open_store
+from train.stores.b2 import B2Store
 
 SENTINEL_KEY = "K005sentinel-secret-DO-NOT-LEAK-0123456789"
 

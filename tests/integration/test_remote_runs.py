@@ -20,8 +20,7 @@ from tests.b2sim import SENTINEL_KEY, Account
 from tests.farm import VARIANTS, final_weights, fit_argv
 from tests.helpers import REPO, assert_bitwise_equal, folders, launch_in_background, run_cli, wait_for
 from tests.integration.test_faults import start, wait_for_step
-from train import checkpoint_shards as shards
-from train.checkpoint import checkpoint_name, latest_checkpoint
+from train.checkpoint import checkpoint_name, latest_checkpoint, shards
 from train.config import load_config
 from train.errors import Preempted
 from train.launch.stop import stop_on_signals

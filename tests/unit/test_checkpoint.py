@@ -388,7 +388,7 @@ def test_a_sharded_checkpoint_is_a_folder_and_only_a_folder(tmp_path):
 
 
 def test_a_replaced_folder_cut_short_between_its_renames_is_put_back(tmp_path):
-    from train.checkpoint_shards import recover_replaced, replace_folder
+    from train.checkpoint.shards import recover_replaced, replace_folder
 
     (tmp_path / "best.dcp").mkdir()
     (tmp_path / "best.dcp" / "a").write_text("old")
@@ -404,7 +404,7 @@ def test_a_replaced_folder_cut_short_between_its_renames_is_put_back(tmp_path):
 def _hand_made_folder(folder):
     """A sharded checkpoint's files without DCP: what damaged() checks is the manifest against the files."""
     from train.checkpoint import sealed
-    from train.checkpoint_shards import COMPONENTS, MANIFEST, file_digest
+    from train.checkpoint.shards import COMPONENTS, MANIFEST, file_digest
 
     folder.mkdir()
     (folder / "__0_0.distcp").write_bytes(b"rank 0's shards")
@@ -433,7 +433,7 @@ def test_a_sharded_checkpoint_is_damaged_by_any_file_missing_cut_or_changed(tmp_
 
 
 def test_shards_that_other_nodes_wrote_elsewhere_are_refused_before_the_folder_is_named(tmp_path):
-    from train.checkpoint_shards import _seal_folder
+    from train.checkpoint.shards import _seal_folder
 
     partial = tmp_path / ".step_00000002.dcp.partial"
     partial.mkdir()
@@ -449,7 +449,7 @@ def test_shards_that_other_nodes_wrote_elsewhere_are_refused_before_the_folder_i
 def test_a_packed_sharded_checkpoint_is_the_same_bytes_for_the_same_files_and_unpacks_only_intact(tmp_path):
     import tarfile
 
-    from train.checkpoint_shards import pack, unpack
+    from train.checkpoint.shards import pack, unpack
 
     folder = _hand_made_folder(tmp_path / "step_00000002.dcp")
     pack(folder, tmp_path / "a.tar")
@@ -479,7 +479,7 @@ def test_a_sharded_checkpoints_size_estimate_covers_what_dcp_writes(tmp_path):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     from tests.helpers import free_port
-    from train.checkpoint_shards import folder_bytes, save_shards
+    from train.checkpoint.shards import folder_bytes, save_shards
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from b2sdk.v2 import UploadSourceBytes
 
-import train.data.acquire.stores.local
+import train.stores.local
 from tests.b2sim import SENTINEL_KEY, Account
 from train.data.acquire import download
 from train.data.acquire.download import _fetch, _stat, describe, fetch_all
-from train.data.acquire.stores import open_store
-from train.data.acquire.stores.base import CHUNK, RemoteFile, check_name
-from train.data.acquire.stores.local import LocalStore
 from train.errors import DataError, PreflightError
+from train.stores import open_store
+from train.stores.base import CHUNK, RemoteFile, check_name
+from train.stores.local import LocalStore
 
 
 def fetch(store, name: str, dest: Path, *, retries: int = 2, progress=None):
@@ -238,7 +238,7 @@ class SlowStore(LocalStore):
 
 
 def test_ctrl_c_stops_a_batch_promptly_and_leaves_no_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(train.data.acquire.stores.local, "CHUNK", 1024)  # the local store copies in chunks
+    monkeypatch.setattr(train.stores.local, "CHUNK", 1024)  # the local store copies in chunks
     for i in range(3):
         (tmp_path / f"x{i}.h5").write_bytes(os.urandom(300 * 1024))  # 3 s per file at 10 ms a chunk
     out = tmp_path / "out"

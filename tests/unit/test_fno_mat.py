@@ -12,11 +12,11 @@ import scipy.io
 
 from train.config import TaskConfig
 from train.data.acquire.generate_fno import burgers_solve, darcy_vertex_solve, generate_fno
-from train.data.acquire.stores.local import LocalStore
 from train.data.formats import fno_mat
 from train.data.formats.fno_mat import FnoMatReader, locate_fno_mat, open_fno_mat, write_mat
 from train.errors import DataError
 from train.pdes import LAYOUTS
+from train.stores.local import LocalStore
 
 RNG = np.random.default_rng(0)
 

@@ -14,8 +14,8 @@ from tests.well_files import write_dataset
 from train.config import validate
 from train.data.acquire import download
 from train.data.acquire.sources import stage_data
-from train.data.acquire.stores.https import HttpsStore
 from train.errors import DataError
+from train.stores.https import HttpsStore
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import torch
 
 from train.config import TaskConfig
 from train.data.acquire.generate_neuralop import generate_neuralop
-from train.data.acquire.stores.local import LocalStore
 from train.data.formats.neuralop_pt import (
     NAMES,
     NeuralopPtReader,
@@ -25,6 +24,7 @@ from train.data.formats.neuralop_pt import (
     write_pt,
 )
 from train.errors import DataError
+from train.stores.local import LocalStore
 
 pt_dataset = pytest.importorskip(
     "neuralop.data.datasets.pt_dataset", reason="neuraloperator is a test-only dependency: pip install '.[dev]'"

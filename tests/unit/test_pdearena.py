@@ -13,7 +13,6 @@ import pytest
 
 from train.config import TaskConfig
 from train.data.acquire.generate_pdearena import generate_pdearena, split_counts
-from train.data.acquire.stores.local import LocalStore
 from train.data.formats.pdearena import (
     SPLIT_WORDS,
     PdeArenaReader,
@@ -23,6 +22,7 @@ from train.data.formats.pdearena import (
     write_pdearena,
 )
 from train.errors import DataError
+from train.stores.local import LocalStore
 
 FIELDS = ("u", "vx", "vy")
 

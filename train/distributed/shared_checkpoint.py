@@ -16,8 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train import checkpoint_shards as shards
-from train.checkpoint import checkpoint_sha1, load_checkpoint
+from train.checkpoint import checkpoint_sha1, load_checkpoint, shards
 from train.distributed.env import DistEnv
 from train.errors import DataError, DistributedError
 

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 def sha256_of(path: Path) -> str:
     """A checkpoint file's SHA-256; of a sharded checkpoint (a folder), its manifest's, which names the checksum
     of every file in it."""
-    from train.checkpoint_shards import content_file
+    from train.checkpoint.shards import content_file
 
     return file_digest(content_file(path), "sha256")["sha256"]
 

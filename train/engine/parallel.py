@@ -272,7 +272,7 @@ def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
     full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not full:
         return {}
-    from train.checkpoint_shards import by_position
+    from train.checkpoint.shards import by_position
 
     return by_position(full, _names(model))
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train import checkpoint_shards, run_files
+from train import run_files
 from train.atomic import write_json_atomic
 from train.checkpoint import (
     BEST,
@@ -46,6 +46,7 @@ from train.checkpoint import (
     save_best,
     save_checkpoint,
 )
+from train.checkpoint import shards as checkpoint_shards
 from train.config import Config
 from train.distributed.collectives import broadcast_from_main
 from train.distributed.env import DistEnv

@@ -10,13 +10,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from train.config import Config
-from train.data.acquire.stores import is_local, local_path
 from train.data.cache.build import CacheInfo
 from train.data.formats import format_of
 from train.disk import human
 from train.model.builtin import MODELS, parameter_count
 from train.model.specs import TaskSpec
 from train.pdes import LAYOUTS
+from train.stores import is_local, local_path
 
 MiB = 1 << 20
 NCCL_BUFFSIZE = 4 * MiB  # NCCL's default per-channel buffer (NCCL_BUFFSIZE)

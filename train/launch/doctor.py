@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.config import Config
-from train.data.acquire.stores import is_local, local_path
-from train.data.acquire.stores.b2 import missing_b2_credentials
 from train.data.cache.build import CacheInfo
 from train.disk import human, unwritable
 from train.errors import ConfigError, PreflightError, TrainError
@@ -33,6 +31,8 @@ from train.launch.capacity import (
     shm_need,
 )
 from train.launch.topology import Topology, nproc_for, threads_per_rank, topology_from_environ
+from train.stores import is_local, local_path
+from train.stores.b2 import missing_b2_credentials
 
 log = logging.getLogger(__name__)
 

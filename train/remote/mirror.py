@@ -25,10 +25,9 @@ import threading
 import time
 from pathlib import Path
 
-from train import checkpoint_shards as shards
 from train import run_files
 from train.atomic import write_json_atomic
-from train.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint, unreadable
+from train.checkpoint import best_checkpoint, checkpoint_step, latest_checkpoint, shards, unreadable
 from train.errors import DataError, TrainError
 from train.remote.lease import RemoteLease
 from train.remote.pointer import POINTER, belongs_to, read_pointer, remote_ahead

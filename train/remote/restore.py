@@ -12,10 +12,9 @@ import logging
 import tempfile
 from pathlib import Path
 
-from train import checkpoint_shards as shards
 from train import run_files
 from train.atomic import atomic_path
-from train.checkpoint import BEST, BEST_SHARDED, checkpoint_step, list_checkpoints, unreadable
+from train.checkpoint import BEST, BEST_SHARDED, checkpoint_step, list_checkpoints, shards, unreadable
 from train.config import Config, load_config, run_identity, training_differences
 from train.errors import ConfigError, DataError
 from train.remote.mirror import RUN_FILES

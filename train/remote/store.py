@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.atomic import atomic_path, fsync_dir
-from train.data.acquire.stores.b2 import B2Store
-from train.data.acquire.stores.base import RemoteFile, check_name
-from train.data.acquire.stores.local import LocalStore
 from train.disk import human
 from train.errors import ConfigError, DataError, DiskFullError
 from train.hashing import file_digest
+from train.stores.b2 import B2Store
+from train.stores.base import RemoteFile, check_name
+from train.stores.local import LocalStore
 
 log = logging.getLogger(__name__)
 

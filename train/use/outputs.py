@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from train import run_files
-from train.checkpoint_shards import is_sharded_checkpoint
+from train.checkpoint.shards import is_sharded_checkpoint
 from train.disk import unwritable
 from train.errors import ConfigError, PreflightError
 

@@ -33,7 +33,7 @@ from train.checkpoint import (
     load_checkpoint,
     load_model_state,
 )
-from train.checkpoint_shards import is_sharded_checkpoint
+from train.checkpoint.shards import is_sharded_checkpoint
 from train.config import Config, ModelConfig, TrainConfig, migrate_model_keys
 from train.engine.init_from import sha256_of
 from train.engine.objective import advance

@@ -1,4 +1,4 @@
-"""Fetch files from a store (train.data.acquire.stores: a B2 bucket, a web server, a local folder) into the data folder,
+"""Fetch files from a store (train.stores: a B2 bucket, a web server, a local folder) into the data folder,
 verified and atomic.
 
 Guarantees:
@@ -29,7 +29,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from train.atomic import atomic_path, write_json_atomic
-from train.data.acquire.stores.base import (
+from train.data.node_lock import node_lock
+from train.disk import human
+from train.errors import DataError
+from train.hashing import file_digest
+from train.stores.base import (
     UNREACHABLE,
     Progress,
     RemoteFile,
@@ -38,11 +42,7 @@ from train.data.acquire.stores.base import (
     Transient,
     check_name,
 )
-from train.data.acquire.stores.local import LocalStore
-from train.data.node_lock import node_lock
-from train.disk import human
-from train.errors import DataError
-from train.hashing import file_digest
+from train.stores.local import LocalStore
 
 log = logging.getLogger(__name__)
 

@@ -27,15 +27,15 @@ from train.data.acquire.generate_fno import generate_fno
 from train.data.acquire.generate_neuralop import generate_neuralop
 from train.data.acquire.generate_pdearena import generate_pdearena
 from train.data.acquire.generate_well import generate_gray_scott
-from train.data.acquire.stores import is_local, local_path, open_store
-from train.data.acquire.stores.b2 import missing_b2_credentials
-from train.data.acquire.stores.base import Store, check_name
 from train.data.checksum import ALGORITHM
 from train.data.formats import format_of
 from train.data.node_lock import node_lock
 from train.data.splits import SPLITS
 from train.errors import ConfigError, DataError
 from train.pdes import GENERATED, LAYOUTS
+from train.stores import is_local, local_path, open_store
+from train.stores.b2 import missing_b2_credentials
+from train.stores.base import Store, check_name
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.data.acquire.stores.base import CHUNK, Progress, RemoteFile, check_name, join
 from train.disk import looks_full
 from train.errors import DataError
 from train.hashing import hashers
+from train.stores.base import CHUNK, Progress, RemoteFile, check_name, join
 
 
 class LocalStore:

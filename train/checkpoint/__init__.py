@@ -2,9 +2,14 @@
 
 A checkpoint is ``step_NNNNNNNN.pt`` (the optimizer steps done) or ``best.pt`` (the best validation so far); a
 sharded model's may instead be a folder of every rank's shards, ``step_NNNNNNNN.dcp`` or ``best.dcp``
-(train.checkpoint_shards), read through the same functions here. Files and folders are written to a temporary
-name and renamed, so a name that matches is always complete; older ones are deleted only after a newer one is
-safely on disk.
+(:mod:`train.checkpoint.shards`), read through the same functions here. Files and folders are written to a
+temporary name and renamed, so a name that matches is always complete; older ones are deleted only after a newer
+one is safely on disk.
+
+The package in layers: the seal both forms share (:mod:`train.checkpoint.integrity`: the payload's digest, its
+record and its check) at the bottom; the folder form on it (:mod:`train.checkpoint.shards`); here, above them,
+the file form, names, listing, pruning, the load that dispatches on the form, the set-aside of an unreadable
+one, and consolidation into one file.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from typing import Any
 
 import torch
 
-from train import checkpoint_shards as shards
 from train.atomic import atomic_path
-from train.checkpoint_seal import INTEGRITY, payload_digest, sealed, state_bytes, tampered  # noqa: F401 (theirs too)
+from train.checkpoint import shards
+from train.checkpoint.integrity import INTEGRITY, payload_digest, sealed, state_bytes, tampered  # noqa: F401 (theirs too)
 from train.config import ModelConfig, flatten, migrate_model_keys, model_keys_in_use
 from train.errors import ConfigError, DataError
 from train.hashing import file_digest

@@ -29,7 +29,7 @@ import torch
 
 from train import hashing
 from train.atomic import fsync_dir
-from train.checkpoint_seal import INTEGRITY, sealed, state_bytes, tampered
+from train.checkpoint.integrity import INTEGRITY, sealed, state_bytes, tampered
 from train.errors import ConfigError, DataError, DistributedError
 
 SUFFIX = ".dcp"

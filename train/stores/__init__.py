@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.data.acquire.stores.b2 import B2Store
-from train.data.acquire.stores.base import Store, check_name
-from train.data.acquire.stores.https import HttpsStore
-from train.data.acquire.stores.local import LocalStore
 from train.errors import ConfigError, DataError
+from train.stores.b2 import B2Store
+from train.stores.base import Store, check_name
+from train.stores.https import HttpsStore
+from train.stores.local import LocalStore
 
 
 def _b2(source: str, b2_api) -> Store:

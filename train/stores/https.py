@@ -23,8 +23,8 @@ from pathlib import Path
 
 import requests
 
-from train.data.acquire.stores.base import CHUNK, UNREACHABLE, Progress, RemoteFile, Transient, check_name, join
 from train.errors import DataError
+from train.stores.base import CHUNK, UNREACHABLE, Progress, RemoteFile, Transient, check_name, join
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from train.data.acquire.stores.base import UNREACHABLE, Progress, RemoteFile, Retryable, Transient, check_name
 from train.errors import DataError, PreflightError, TrainError
+from train.stores.base import UNREACHABLE, Progress, RemoteFile, Retryable, Transient, check_name
 
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 
