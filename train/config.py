@@ -330,8 +330,9 @@ def migrate_model_keys(model: Any, origin: str = "model") -> Any:
 
 class ModelConfig(Section):
     name: str = "transformer"
-    """The architecture: a built-in one (transformer, fno, unet), or your own factory as 'package.module:function' or
-    'path/to/file.py:function', called as factory(specs, **model.args) (see docs/models.md)."""
+    """The architecture: a built-in one (transformer, fno, unet, multiphysics: train/model/builtin.py's MODELS), or
+    your own factory as 'package.module:function' or 'path/to/file.py:function', called as
+    factory(specs, **model.args) (see docs/models.md)."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of your own factory (built-in models take their settings from their own section)."""
     transformer: TransformerConfig = TransformerConfig()
@@ -528,7 +529,8 @@ class DistConfig(Section):
     """Seconds the ranks get to stop (and save a checkpoint) after the launcher forwards a SIGTERM or SIGUSR1,
     before they are killed."""
     parallel: Literal["ddp", "fsdp", "hsdp"] = "ddp"
-    """How the model is spread over the ranks (train/distributed/parallel.py): 'ddp', a whole copy of weights,
+    """How the model is spread over the ranks (train/strategies.py's STRATEGIES, wrapped by
+    train/engine/parallel.py): 'ddp', a whole copy of weights,
     gradients and optimizer state on every rank; 'fsdp', each of them sharded over all ranks (FSDP2's fully_shard:
     about 1/ranks of the model state per rank, the weights gathered unit by unit for the forward and backward);
     'hsdp', sharded within groups of dist.shard_group_size ranks and replicated across the groups."""

@@ -18,8 +18,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from train.config import TrainConfig
 from train.data.cache.build import CacheInfo, window_index_name, window_span, with_constants, write_window_index
 from train.data.cache.cached_array import CachedArray
+
+
+def target_frames(cfg: TrainConfig) -> int:
+    """Frames after the input window a training item of an autoregressive task holds: one for the one-step
+    objective, ``rollout_steps`` for the rollout ones. The launcher sizes windows and caches by it, the ranks
+    build their items by it."""
+    return 1 if cfg.objective == "one_step" else cfg.rollout_steps
 
 
 class _Mapped:

@@ -14,13 +14,13 @@ from train.data.dataset import (
     LatentDataset,
     keep_batch,
     steps_for_one_pass,
+    target_frames,
     training_dataset,
     worker_seeding,
 )
 from train.data.device_data import DeviceLoader, DeviceTask, Placement, hold_splits, placement
 from train.disk import human
 from train.distributed.env import DistEnv
-from train.engine.objective import target_frames
 from train.errors import ConfigError
 from train.model.factory import build_model
 from train.model.specs import TaskData

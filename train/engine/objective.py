@@ -17,11 +17,7 @@ import torch
 from torch import nn
 
 from train.config import TrainConfig
-
-
-def target_frames(cfg: TrainConfig) -> int:
-    """Frames after the input window a training item of an autoregressive task holds."""
-    return 1 if cfg.objective == "one_step" else cfg.rollout_steps
+from train.data.dataset import target_frames  # noqa: F401 (the objective's, with the data's windows)
 
 
 def draw_steps(cfg: TrainConfig) -> tuple[int, int]:

@@ -32,23 +32,19 @@ from torch.nn.parallel import DistributedDataParallel
 from train.config import Config
 from train.distributed.env import DistEnv
 from train.errors import ConfigError
+from train.strategies import STRATEGIES, StrategyFacts
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Strategy:
-    """One way of spreading the model over the ranks."""
+class Strategy(StrategyFacts):
+    """One way of spreading the model over the ranks: a row of train.strategies.STRATEGIES and how it wraps the
+    model."""
 
-    summary: str
-    wrap: Callable[..., nn.Module]
+    wrap: Callable[..., nn.Module] | None = None
     """``wrap(root, model, env, cfg, find_unused, precision)``: ``root`` (the model, or the rollout around it)
     spread over the ranks; ``model`` is the bare model inside it (whose blocks are the sharded units)."""
-    sharded: bool
-    """Weights, gradients and optimizer state are sharded (FSDP2): state dicts are gathered by every rank."""
-    state_share: Callable[[int, int], float]
-    """``state_share(world_size, shard_group_size)``: the share of the model state (weights, gradients, optimizer
-    state) one rank holds."""
 
 
 def wrap_ddp(model: nn.Module, env: DistEnv, find_unused: bool) -> DistributedDataParallel:
@@ -108,12 +104,9 @@ def _fsdp(root: nn.Module, model: nn.Module, env: DistEnv, cfg: Config, find_unu
     return root
 
 
+_WRAPS = {"ddp": _ddp, "fsdp": _fsdp, "hsdp": _fsdp}
 PARALLEL: dict[str, Strategy] = {
-    "ddp": Strategy("a whole copy on every rank, gradients all-reduced", _ddp, False, lambda world, group: 1.0),
-    "fsdp": Strategy("sharded over all ranks (FSDP2)", _fsdp, True, lambda world, group: 1.0 / world),
-    "hsdp": Strategy(
-        "sharded within groups, replicated across them (FSDP2, 2D mesh)", _fsdp, True, lambda world, group: 1.0 / group
-    ),
+    name: Strategy(facts.summary, facts.sharded, facts.state_share, _WRAPS[name]) for name, facts in STRATEGIES.items()
 }
 
 

@@ -17,6 +17,7 @@ from train.model.builtin import MODELS, parameter_count
 from train.model.specs import TaskSpec
 from train.pdes import LAYOUTS
 from train.stores import is_local, local_path
+from train.strategies import STRATEGIES
 
 MiB = 1 << 20
 NCCL_BUFFSIZE = 4 * MiB  # NCCL's default per-channel buffer (NCCL_BUFFSIZE)
@@ -54,7 +55,7 @@ def device_data_need(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> int
     """Bytes one rank's device holds with train.data_on_device: every task's training arrays (float32) and its
     window index (int64); None while a task has no cache yet."""
     from train.data.cache.build import window_span
-    from train.engine.objective import target_frames
+    from train.data.dataset import target_frames
 
     total = 0
     for name, info in caches.items():
@@ -112,11 +113,9 @@ STATE_BYTES_PER_PARAMETER = 16
 def model_state_per_rank(cfg: Config, world_size: int, local_ranks: int) -> tuple[int, int]:
     """(bytes of model state one rank holds under dist.parallel, the same under ddp) before any data is read;
     (0, 0) for a factory of your own."""
-    from train.engine.parallel import PARALLEL
-
     whole = parameter_estimate(cfg) * STATE_BYTES_PER_PARAMETER
     group = cfg.dist.shard_group_size or local_ranks
-    return int(whole * PARALLEL[cfg.dist.parallel].state_share(world_size, group)), whole
+    return int(whole * STRATEGIES[cfg.dist.parallel].state_share(world_size, group)), whole
 
 
 def checkpoint_bytes(cfg: Config) -> int:
