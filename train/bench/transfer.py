@@ -50,8 +50,8 @@ from train.engine.loaders import initial_model
 from train.engine.trainer import Trainer
 from train.obs.report import headline
 from train.pipeline import stage_cache
+from train.remote.fetch import resolve_initial_weights
 from train.run_dir import RunDir
-from train.use.surrogate import resolve_initial_weights
 
 log = logging.getLogger(__name__)
 

@@ -399,3 +399,9 @@ def training_done(folder: Path, epochs: int) -> bool:
         return False
     saved = small_components(path) if shards.is_sharded_checkpoint(path) else load_checkpoint(path)
     return RunState(**saved[PROGRESS]).done(epochs)
+
+
+def checkpoint_sha256(path: Path) -> str:
+    """A checkpoint file's SHA-256; of a sharded checkpoint (a folder), its manifest's, which names the checksum
+    of every file in it."""
+    return file_digest(shards.content_file(path), "sha256")["sha256"]

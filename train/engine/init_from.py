@@ -1,7 +1,7 @@
 """Fine-tuning: a new run that starts from another run's weights (``train.init_from``), parts of it fixed
 (``train.freeze``).
 
-The launcher resolves the source once (train.use.surrogate.resolve_initial_weights: a checkpoint file, a run
+The launcher resolves the source once (train.remote.fetch.resolve_initial_weights: a checkpoint file, a run
 folder's best checkpoint, or a remote run's, fetched) and records it in inputs.json; every rank loads the same
 file before DDP wraps the model. Only the weights come across: the optimizer, the schedule, the data and the
 step count are the new run's own. A run that has checkpoints of its own resumes from them, never from the
@@ -23,22 +23,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from train.checkpoint import CONFIG, MODEL, SPECS, load_checkpoint
+from train.checkpoint import CONFIG, MODEL, SPECS, checkpoint_sha256, load_checkpoint
 from train.config import Config
 from train.engine.param_groups import names_of, selected
 from train.errors import ConfigError
-from train.hashing import file_digest
 from train.model.specs import spec_from_record
 
 log = logging.getLogger(__name__)
 
-
-def sha256_of(path: Path) -> str:
-    """A checkpoint file's SHA-256; of a sharded checkpoint (a folder), its manifest's, which names the checksum
-    of every file in it."""
-    from train.checkpoint.shards import content_file
-
-    return file_digest(content_file(path), "sha256")["sha256"]
+sha256_of = checkpoint_sha256  # the record's digest, as the launcher wrote it (train.remote.fetch)
 
 
 def _task_of(key: str, tasks: set[str]) -> str | None:
@@ -56,7 +49,7 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
             f"{where}: {path} holds a model.name={theirs} model; this run builds model.name={cfg.model.name}. "
             "Fine-tune with the source's architecture (model.name and its settings)"
         )
-    if record.get("sha256") and sha256_of(path) != record["sha256"]:
+    if record.get("sha256") and checkpoint_sha256(path) != record["sha256"]:
         raise ConfigError(f"{where}: {path} changed since the launcher chose it; re-run the command")
     state, ours = saved[MODEL], model.state_dict()
     source_tasks, our_tasks = set(saved.get(SPECS, {})), set(cfg.tasks)

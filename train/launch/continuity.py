@@ -19,8 +19,8 @@ from train.checkpoint import DATA, WEIGHTS_FROM, best_checkpoint, latest_checkpo
 from train.config import Config
 from train.data.cache.build import CacheInfo
 from train.errors import ConfigError, DataError
+from train.remote.fetch import resolve_initial_weights
 from train.run_dir import RunDir
-from train.use.surrogate import resolve_initial_weights
 
 log = logging.getLogger(__name__)
 

@@ -21,27 +21,23 @@ import torch
 from torch import nn
 
 from train.checkpoint import (
-    BEST,
     CONFIG,
     MODEL,
     MODEL_SOURCE,
     SPECS,
     TASK_CARDS,
     USE_ADVICE,
-    checkpoint_for_evaluation,
-    latest_checkpoint,
     load_checkpoint,
     load_model_state,
 )
-from train.checkpoint.shards import is_sharded_checkpoint
-from train.config import Config, ModelConfig, TrainConfig, migrate_model_keys
-from train.engine.init_from import sha256_of
+from train.config import ModelConfig, TrainConfig, migrate_model_keys
 from train.engine.objective import advance
 from train.engine.setup import resolve_precision
 from train.errors import ConfigError, DataError, PreflightError, TrainError
 from train.model.builtin import MODELS
 from train.model.factory import build_model, factory_source
 from train.model.specs import TaskSpec, spec_from_record
+from train.remote.fetch import resolve_checkpoint, resolve_initial_weights  # noqa: F401 (callers' names)
 
 log = logging.getLogger(__name__)
 
@@ -316,45 +312,3 @@ def _check_source(name: str, recorded: dict | None, path: Path, refuse: bool = F
             "loaded into the model as the file defines it now", path, recorded.get("file"),
             str(recorded.get("sha256"))[:12], now["sha256"][:12],
         )  # fmt: skip
-
-
-def resolve_checkpoint(source: str | Path, checkpoint: str | Path = "best", b2_api=None) -> Path:
-    """The checkpoint file ``source`` (a run folder, a .pt file or a remote run) and ``checkpoint`` name."""
-    text = str(source)
-    if text.startswith("b2://"):
-        from train.use.fetch import fetch_remote_checkpoint
-
-        return fetch_remote_checkpoint(text, b2_api)
-    path = Path(source)
-    if not path.exists() and (Path("runs") / path).is_dir():  # a run's name, as make's RUN= gives it
-        path = Path("runs") / path
-    if path.is_file() or is_sharded_checkpoint(path):
-        return path
-    if not path.is_dir():
-        raise DataError(f"{path}: no such run folder or checkpoint file; give runs/<name>, a .pt file or b2://...")
-    folder = path / "checkpoints"
-    if checkpoint == "best":
-        found = checkpoint_for_evaluation(folder)
-    elif checkpoint == "latest":
-        found = latest_checkpoint(folder)
-    else:
-        given = Path(checkpoint)
-        found = given if given.is_file() or is_sharded_checkpoint(given) else folder / str(checkpoint)
-        if not (found.is_file() or is_sharded_checkpoint(found)):
-            raise DataError(f"checkpoint {checkpoint}: not a file, nor one in {folder}; use best, latest or a path")
-    if found is None:
-        raise DataError(f"{folder} holds no checkpoint ({BEST} or step_*.pt): train the run first")
-    return found
-
-
-def resolve_initial_weights(cfg: Config, b2_api=None) -> dict | None:
-    """The launcher's part: the checkpoint ``train.init_from`` names, as a record for inputs.json (its source,
-    the local file and its SHA-256); None without init_from."""
-    source = cfg.train.init_from
-    if source is None:
-        return None
-    try:
-        path = resolve_checkpoint(source, "best", b2_api)
-    except DataError as e:  # said as the setting that asked for it
-        raise ConfigError(f"train.init_from={source}: {e}") from None
-    return {"source": str(source), "checkpoint": str(Path(path).resolve()), "sha256": sha256_of(Path(path))}
