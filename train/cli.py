@@ -163,8 +163,8 @@ def _using_commands(sub) -> None:
 
 def _use(args: argparse.Namespace) -> None:
     if args.command == "consolidate":
-        from train.checkpoint import consolidate
         from train.checkpoint.shards import is_sharded_checkpoint
+        from train.use.export import consolidate
         from train.use.outputs import check_output
         from train.use.surrogate import resolve_checkpoint
 

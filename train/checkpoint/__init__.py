@@ -6,10 +6,9 @@ sharded model's may instead be a folder of every rank's shards, ``step_NNNNNNNN.
 temporary name and renamed, so a name that matches is always complete; older ones are deleted only after a newer
 one is safely on disk.
 
-The package in layers: the seal both forms share (:mod:`train.checkpoint.integrity`: the payload's digest, its
-record and its check) at the bottom; the folder form on it (:mod:`train.checkpoint.shards`); here, above them,
-the file form, names, listing, pruning, the load that dispatches on the form, the set-aside of an unreadable
-one, and consolidation into one file.
+In layers: the seal both forms share (:mod:`train.checkpoint.integrity`) at the bottom, the folder form on it
+(:mod:`train.checkpoint.shards`), and here the file form, names, listing, pruning, the load that dispatches on
+the form and the set-aside of an unreadable one (`python -m train consolidate` is in train/use/export.py).
 """
 
 from __future__ import annotations
@@ -181,16 +180,6 @@ def load_checkpoint(path: Path, data: bytes | None = None, advice: str = LAUNCH_
     return state
 
 
-def consolidate(path: Path, output: Path | None = None) -> Path:
-    """Write the sharded checkpoint ``path`` as one .pt file (default: ``<its folder>/consolidated/<name>.pt``,
-    outside the checkpoint patterns), atomically and sealed with its checksum as every file checkpoint is."""
-    state = load_checkpoint(path, advice=USE_ADVICE)  # checked against its manifest first
-    output = output or path.parent / "consolidated" / f"{path.stem}.pt"
-    with atomic_path(output, needed=state_bytes(state)) as tmp:
-        torch.save(sealed(state), tmp)
-    return output
-
-
 def _refuse(path: Path, why: str, advice: str = LAUNCH_ADVICE) -> None:
     if path.is_file() and path.suffix not in (".pt", ".pth", ".ckpt") and checkpoint_step(path.name) is None:
         why = f"{why}; it is not a checkpoint (a .pt file training wrote, or a {shards.SUFFIX} folder)"
@@ -210,6 +199,11 @@ def checkpoint_sha1(path: Path) -> str:
     """What a checkpoint's bytes hash to: a file's SHA1, or a sharded checkpoint's manifest's (which names every
     file's checksum)."""
     return file_digest(shards.content_file(path), "sha1")["sha1"]
+
+
+def checkpoint_sha256(path: Path) -> str:
+    """The same in SHA-256: what a fine-tuned run records of its source."""
+    return file_digest(shards.content_file(path), "sha256")["sha256"]
 
 
 def misnamed(path: Path, state: dict[str, Any]) -> str | None:
@@ -399,9 +393,3 @@ def training_done(folder: Path, epochs: int) -> bool:
         return False
     saved = small_components(path) if shards.is_sharded_checkpoint(path) else load_checkpoint(path)
     return RunState(**saved[PROGRESS]).done(epochs)
-
-
-def checkpoint_sha256(path: Path) -> str:
-    """A checkpoint file's SHA-256; of a sharded checkpoint (a folder), its manifest's, which names the checksum
-    of every file in it."""
-    return file_digest(shards.content_file(path), "sha256")["sha256"]

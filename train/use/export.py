@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from train.atomic import atomic_path, write_json_atomic
+from train.checkpoint import USE_ADVICE, load_checkpoint, sealed, state_bytes
 from train.errors import ConfigError, TrainError
 from train.use.outputs import check_output
 from train.use.surrogate import Surrogate, TaskCard
@@ -224,3 +225,13 @@ def export_run(
 def _run_folder(checkpoint: Path) -> Path:
     """runs/<name> of a checkpoint in runs/<name>/checkpoints/, else the checkpoint's own folder."""
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+
+
+def consolidate(path: Path, output: Path | None = None) -> Path:
+    """Write the sharded checkpoint ``path`` as one .pt file (default: ``<its folder>/consolidated/<name>.pt``,
+    outside the checkpoint patterns), atomically and sealed with its checksum as every file checkpoint is."""
+    state = load_checkpoint(path, advice=USE_ADVICE)  # checked against its manifest first
+    output = output or path.parent / "consolidated" / f"{path.stem}.pt"
+    with atomic_path(output, needed=state_bytes(state)) as tmp:
+        torch.save(sealed(state), tmp)
+    return output
