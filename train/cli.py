@@ -102,8 +102,14 @@ def _sweep_command(sub) -> None:
     c.add_argument("--config", "-c", default="configs/default.yaml", help="base YAML config (default: %(default)s)")
     c.add_argument("--space", "-s", required=True, help="the search space file (docs/sweeps.md)")
     c.add_argument("--name", help="the sweep's folder under run.runs_dir; default: the space file's stem")
-    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a value of the base config (repeatable)")  # fmt: skip
+    c.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a value of the base config (repeatable)",
+    )
     c.add_argument("--slurm", action="store_true", help="render the SLURM job array (runs/<sweep>/sweep.sbatch)")
     c.add_argument("--output", "-o", help="with --slurm: write the sbatch file here")
     c.add_argument(
@@ -118,8 +124,13 @@ def _sweep(args: argparse.Namespace) -> None:
     study, base = open_sweep(args.config, args.overrides, args.space, args.name)
     if args.retry_failed:
         retried = study.retry_failed()
-        log.info("sweep %s: %s", study.name, f"failed trial(s) {', '.join(map(str, retried))} run again with their "
-                 "parameters, as new trials" if retried else "no failed trial to run again")  # fmt: skip
+        log.info(
+            "sweep %s: %s",
+            study.name,
+            f"failed trial(s) {', '.join(map(str, retried))} run again with their parameters, as new trials"
+            if retried
+            else "no failed trial to run again",
+        )
     if args.slurm:
         write_array(study, base, args.config, args.overrides, args.space, args.output)
     else:
@@ -180,9 +191,16 @@ def _use(args: argparse.Namespace) -> None:
         if not args.output:
             raise ConfigError("predict needs --output FILE, the HDF5 file to write the predictions to")
         scores = predict_file(
-            args.run, Path(args.input), Path(args.output), args.steps, args.checkpoint, args.task, args.device,
-            args.batch_size, args.factory,
-        )  # fmt: skip
+            args.run,
+            Path(args.input),
+            Path(args.output),
+            args.steps,
+            args.checkpoint,
+            args.task,
+            args.device,
+            args.batch_size,
+            args.factory,
+        )
         print(f"predictions written to {args.output}")
         if scores is not None:
             print(f"nRMSE {scores['nrmse']:.6g}, RMSE {scores['rmse']:.6g} over {scores['n_samples']} sample(s)")
@@ -218,8 +236,11 @@ def main(argv: list[str] | None = None, exiting: bool = False) -> int:
             return full.exit_code
         if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             # A folder no stage checked: this machine's file system refuses the write, which is no bug
-            print(f"error: cannot write {e.filename or 'a file'}: {e.strerror}; point the folder that holds it at "
-                  "a writable place", file=sys.stderr)  # fmt: skip
+            print(
+                f"error: cannot write {e.filename or 'a file'}: {e.strerror}; point the folder that holds it at "
+                "a writable place",
+                file=sys.stderr,
+            )
             return PreflightError.exit_code
         raise
     return 0

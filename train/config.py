@@ -370,8 +370,9 @@ class ModelConfig(Section):
             old = sorted(set(data) & set(LEGACY_TRANSFORMER_KEYS))
             _log.info(
                 "config: %s now live under model.transformer (%s); read from there",
-                ", ".join(f"model.{k}" for k in old), ", ".join(f"model.transformer.{k}" for k in old),
-            )  # fmt: skip
+                ", ".join(f"model.{k}" for k in old),
+                ", ".join(f"model.transformer.{k}" for k in old),
+            )
         return moved
 
 
@@ -736,9 +737,7 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)[eE][-+]?\d+$"),
-    list("-+0123456789."),
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
 )
 
 

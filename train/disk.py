@@ -57,11 +57,7 @@ def looks_full(error: BaseException) -> bool:
 
 
 def disk_full_error(
-    error: BaseException,
-    path: Path | str,
-    needed: int | None = None,
-    free_before: int | None = None,
-    written: int = 0,
+    error: BaseException, path: Path | str, needed: int | None = None, free_before: int | None = None, written: int = 0
 ) -> DiskFullError | None:
     """A :class:`DiskFullError` for a write to ``path`` that failed with ``error``, or None when the disk was
     not the cause. ``needed``: the bytes the write needed, when known; ``free_before`` and ``written``: the free

@@ -130,8 +130,13 @@ def check_resume() -> dict:
     if ref.returncode != 0:
         return {"passed": False, "stage": "reference", "tail": _tail(ref)}
     folders = _folders("resume")
-    proc = subprocess.Popen([*common, "--run", "killed", *folders], start_new_session=True, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [*common, "--run", "killed", *folders],
+        start_new_session=True,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if any(r.get("step", 0) >= 50 for r in _metrics("resume", "killed")):
@@ -296,8 +301,10 @@ def check_accuracy() -> dict:
     from train.bench.gpu_perf import GpuUtilisation
 
     with GpuUtilisation() as gpu:
-        proc = _run([*TRAIN, "run", "--config", str(config), "--nproc", "1", *settings, "--run", "accuracy",
-                     *_folders("perf")], timeout=budget * 3 + 300)  # fmt: skip
+        proc = _run(
+            [*TRAIN, "run", "--config", str(config), "--nproc", "1", *settings, "--run", "accuracy", *_folders("perf")],
+            timeout=budget * 3 + 300,
+        )
     records = _metrics("perf", "accuracy")
     if proc.returncode != 0:
         return {"passed": False, "exit": proc.returncode, "tail": _tail(proc)}

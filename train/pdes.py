@@ -53,37 +53,85 @@ LAYOUTS = {
     "burgers1d": Layout(("tensor",), ("tensor",), 1, True, generated_file="1D_Burgers_Sols_Nu{}.hdf5"),
     "reacdiff1d": Layout(("tensor",), ("tensor",), 1, True),
     "darcy2d": Layout(("nu",), ("tensor",), 2, False, generated_file="2D_DarcyFlow_beta{}_Train.hdf5"),
-    "cfd1d": Layout(("density", "pressure", "Vx"), ("density", "pressure", "Vx"), 1, True,
-                    generated_file="1D_CFD_Advected_V{}_periodic_Train.hdf5"),
-    "cfd2d": Layout(("density", "pressure", "Vx", "Vy"), ("density", "pressure", "Vx", "Vy"), 2, True,
-                    generated_file="2D_CFD_Advected_V{}_periodic_Train.hdf5"),
+    "cfd1d": Layout(
+        ("density", "pressure", "Vx"),
+        ("density", "pressure", "Vx"),
+        1,
+        True,
+        generated_file="1D_CFD_Advected_V{}_periodic_Train.hdf5",
+    ),
+    "cfd2d": Layout(
+        ("density", "pressure", "Vx", "Vy"),
+        ("density", "pressure", "Vx", "Vy"),
+        2,
+        True,
+        generated_file="2D_CFD_Advected_V{}_periodic_Train.hdf5",
+    ),
     # 3D_CFD_{Rand,Turb}_M*_Eta*_Zeta*_periodic_Train.hdf5: each field [sample, t, x, y, z]
-    "cfd3d": Layout(("density", "pressure", "Vx", "Vy", "Vz"), ("density", "pressure", "Vx", "Vy", "Vz"), 3, True,
-                    generated_file="3D_CFD_Advected_V{}_periodic_Train.hdf5"),
+    "cfd3d": Layout(
+        ("density", "pressure", "Vx", "Vy", "Vz"),
+        ("density", "pressure", "Vx", "Vy", "Vz"),
+        3,
+        True,
+        generated_file="3D_CFD_Advected_V{}_periodic_Train.hdf5",
+    ),
     # The Euler equations solved by a finite-volume scheme (generate_euler): smooth and Riemann initial states
-    "euler1d": Layout(("density", "pressure", "Vx"), ("density", "pressure", "Vx"), 1, True,
-                      generated_file="1D_CFD_Euler_Riemann{}_periodic_Train.hdf5"),
-    "euler2d": Layout(("density", "pressure", "Vx", "Vy"), ("density", "pressure", "Vx", "Vy"), 2, True,
-                      generated_file="2D_CFD_Euler_Riemann{}_periodic_Train.hdf5"),
+    "euler1d": Layout(
+        ("density", "pressure", "Vx"),
+        ("density", "pressure", "Vx"),
+        1,
+        True,
+        generated_file="1D_CFD_Euler_Riemann{}_periodic_Train.hdf5",
+    ),
+    "euler2d": Layout(
+        ("density", "pressure", "Vx", "Vy"),
+        ("density", "pressure", "Vx", "Vy"),
+        2,
+        True,
+        generated_file="2D_CFD_Euler_Riemann{}_periodic_Train.hdf5",
+    ),
     "diffreact2d": Layout(("data",), ("data",), 2, True, "groups", 2),  # 2D_diff-react_NA_NA.h5
     "shallowwater2d": Layout(("data",), ("data",), 2, True, "groups", 1),  # 2D_rdb_NA_NA.h5
     "diffsorp1d": Layout(("data",), ("data",), 1, True, "groups", 1),  # 1D_diff-sorp_NA_NA.h5
     "well": Layout((), (), 0, True, "well"),  # any dataset of The Well (tasks.<name>.well)
     # The FNO paper's files (docs/fno-mat.md): a -> u at T=1; coeff -> sol; the first 10 recorded steps -> the rest
-    "fno_burgers": Layout(("a",), ("u",), 1, False, "fno_mat", reference=dict(
-        train_file="burgers_data_R10.mat", n_train=1000, n_test=100, spatial_stride=8)),
-    "fno_darcy": Layout(("coeff",), ("sol",), 2, False, "fno_mat", reference=dict(
-        train_file="piececonst_r421_N1024_smooth1.mat", test_file="piececonst_r421_N1024_smooth2.mat",
-        n_train=1000, n_test=100, spatial_stride=5)),
-    "fno_ns": Layout(("u",), ("u",), 2, True, "fno_mat", reference=dict(
-        train_file="ns_V1e-3_N5000_T50.mat", n_train=1000, n_test=200, initial_step=10)),
+    "fno_burgers": Layout(
+        ("a",),
+        ("u",),
+        1,
+        False,
+        "fno_mat",
+        reference=dict(train_file="burgers_data_R10.mat", n_train=1000, n_test=100, spatial_stride=8),
+    ),
+    "fno_darcy": Layout(
+        ("coeff",),
+        ("sol",),
+        2,
+        False,
+        "fno_mat",
+        reference=dict(
+            train_file="piececonst_r421_N1024_smooth1.mat",
+            test_file="piececonst_r421_N1024_smooth2.mat",
+            n_train=1000,
+            n_test=100,
+            spatial_stride=5,
+        ),
+    ),
+    "fno_ns": Layout(
+        ("u",),
+        ("u",),
+        2,
+        True,
+        "fno_mat",
+        reference=dict(train_file="ns_V1e-3_N5000_T50.mat", n_train=1000, n_test=200, initial_step=10),
+    ),
     # neuraloperator's {name}_{train|test}_{resolution}.pt (docs/neuralop-pt.md); Burgers' y is (n, t, x)
     "neuralop_darcy": Layout(("x",), ("y",), 2, False, "neuralop_pt", reference=dict(resolution=16)),
     "neuralop_burgers": Layout(("y",), ("y",), 1, True, "neuralop_pt", reference=dict(resolution=16, initial_step=1)),
     "neuralop_ns": Layout(("x",), ("y",), 2, False, "neuralop_pt", reference=dict(resolution=128)),
     # PDEArena's NavierStokes2D_{train|valid|test}_*.h5 (docs/pdearena.md): smoke density and velocity
     "pdearena_ns": Layout(("u", "vx", "vy"), ("u", "vx", "vy"), 2, True, "pdearena", reference=dict(initial_step=4)),
-}  # fmt: skip
+}
 
 GENERATED = tuple(name for name, layout in LAYOUTS.items() if layout.generated_file)
 """The families the project can generate a small dataset of (tasks.<name>.source: generate)."""

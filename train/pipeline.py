@@ -178,12 +178,16 @@ def _stages(
     node_local = not session.leads and run.read_node_token() != plan.token
     if not session.leads:
         log.info(
-            "node 0 decided: %s%s. Run folder %s: %s", " and ".join(plan.stages) or "nothing to do",
+            "node 0 decided: %s%s. Run folder %s: %s",
+            " and ".join(plan.stages) or "nothing to do",
             f", continuing from its {plan.resume.name} (SHA1 {plan.resume.sha1}), sent to these ranks by rank 0"
-            if plan.resume and "fit" in plan.stages else "", run.root,
-            "this node's own (node 0 holds the run's checkpoints, metrics and report; this node keeps its ranks' "
-            "logs)" if node_local else "node 0's too (one shared file system)",
-        )  # fmt: skip
+            if plan.resume and "fit" in plan.stages
+            else "",
+            run.root,
+            "this node's own (node 0 holds the run's checkpoints, metrics and report; this node keeps its ranks' logs)"
+            if node_local
+            else "node 0's too (one shared file system)",
+        )
     error = None
     if not plan.stages and remote is not None and session.leads:
         # A remote that fell behind in an earlier launch gets what it lacks.

@@ -255,9 +255,13 @@ def _launch(cfg: Config, config_path: str, overrides: list[str], array: ArrayJob
     # all its ranks would share one core.
     gpus = [f"--gpus-per-node={s.gpus_per_node}"] if s.gpus_per_node else []
     srun = [
-        "srun", "--kill-on-bad-exit=1", '--ntasks="$SLURM_NNODES"', "--ntasks-per-node=1", *gpus,
+        "srun",
+        "--kill-on-bad-exit=1",
+        '--ntasks="$SLURM_NNODES"',
+        "--ntasks-per-node=1",
+        *gpus,
         f"--cpus-per-task={_cpus_per_task(cfg)}",
-    ]  # fmt: skip
+    ]
     if array is not None:
         train = ["-m", "train", *(_shell_word("command", word) for word in array.train_args)]
     else:

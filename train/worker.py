@@ -50,9 +50,17 @@ def evaluate(cfg: Config, env: DistEnv, tasks: list[TaskData], run: RunDir) -> N
     for name, r in results.items():
         log.info(
             "test %s: nRMSE %.4g (baseline %.4g), RMSE %.4g, cRMSE %.4g, bRMSE %.4g, max error %.4g, rel. L2 %.4g "
-            "(baseline %.4g)", name, r["nrmse"], r["baseline_nrmse"], r["rmse"], r["crmse"], r["brmse"],
-            r["max_error"], r["rel_l2"], r["baseline_rel_l2"],
-        )  # fmt: skip
+            "(baseline %.4g)",
+            name,
+            r["nrmse"],
+            r["baseline_nrmse"],
+            r["rmse"],
+            r["crmse"],
+            r["brmse"],
+            r["max_error"],
+            r["rel_l2"],
+            r["baseline_rel_l2"],
+        )
     if env.is_main:
         examples = {t.name: example_prediction(model, t, "test") for t in tasks if t.info.sizes["test"]}
         splits = {t.name: t.info.splits for t in tasks}

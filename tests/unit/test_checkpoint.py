@@ -154,10 +154,7 @@ def test_load_maps_to_cpu(tmp_path):
     assert load_checkpoint(path)["t"].device.type == "cpu"
 
 
-@pytest.mark.parametrize(
-    "content",
-    [b"", b"garbage, not a zip file", b"PK\x03\x04 truncated zip"],
-)
+@pytest.mark.parametrize("content", [b"", b"garbage, not a zip file", b"PK\x03\x04 truncated zip"])
 def test_unreadable_checkpoint_is_a_data_error(tmp_path, content):
     path = tmp_path / "step_00000003.pt"
     path.write_bytes(content)

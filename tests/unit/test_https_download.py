@@ -152,8 +152,7 @@ def test_a_pdebench_file_over_https_is_downloaded(served, tmp_path):
     _pdebench_file(served.root / "pdebench" / "one.hdf5")
     url = served.url + "/pdebench/one.hdf5"
     cfg = validate(
-        {"tasks": {"adv": {"pde": "advection1d", "source": url}}, "run": {"data_dir": str(tmp_path / "data")}},
-        "test",
+        {"tasks": {"adv": {"pde": "advection1d", "source": url}}, "run": {"data_dir": str(tmp_path / "data")}}, "test"
     )
     files = stage_data(cfg)["adv"]
     assert files.train == tmp_path / "data" / "adv" / "train.h5" and files.val is None and files.test is None

@@ -108,10 +108,7 @@ def test_incomplete_latent_cache_is_rebuilt(tmp_path, caches):
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [
-        ({"patch_size": 8}, "patch_size 4 there, 8 here"),
-        ({"initial_step": 2}, "initial_step 3 there, 2 here"),
-    ],
+    [({"patch_size": 8}, "patch_size 4 there, 8 here"), ({"initial_step": 2}, "initial_step 3 there, 2 here")],
 )
 def test_encoder_of_another_task_shape_is_refused(tmp_path, caches, change, message):
     _, infos, specs = caches

@@ -265,8 +265,7 @@ def test_unpack_archive(tmp_path):
     src = tmp_path / "src"
     train_file, test_file = generate_neuralop(src, "neuralop_darcy", 12, 16, seed=0, n_test=3)
     archive = _tar(
-        tmp_path / "darcy_16.tgz",
-        {p.name: p.read_bytes() for p in (train_file, test_file)} | {"README.txt": b"notes"},
+        tmp_path / "darcy_16.tgz", {p.name: p.read_bytes() for p in (train_file, test_file)} | {"README.txt": b"notes"}
     )
     dest = tmp_path / "data"
     out = unpack_archive(archive, dest)

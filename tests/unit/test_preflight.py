@@ -301,10 +301,7 @@ def test_the_disk_estimate_of_a_checkpoint_follows_the_model_built(settings):
     from train.model.specs import TaskData, TaskSpec
 
     cfg = load_config(Path(__file__).parents[2] / "configs/default.yaml", settings)
-    specs = {
-        "advection1d": TaskSpec((256,), 1, 1, 8, 10, True),
-        "darcy2d": TaskSpec((64, 64), 1, 1, 8, 1, False),
-    }
+    specs = {"advection1d": TaskSpec((256,), 1, 1, 8, 10, True), "darcy2d": TaskSpec((64, 64), 1, 1, 8, 1, False)}
     tasks = [TaskData(name, None, spec) for name, spec in specs.items()]  # the model is built from the specs
     real = sum(p.numel() for p in initial_model(cfg, tasks, torch.device("cpu")).parameters())
     assert abs(parameter_estimate(cfg) - real) < real / 3, (parameter_estimate(cfg), real)

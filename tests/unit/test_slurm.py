@@ -259,8 +259,7 @@ def test_what_is_not_a_slurm_time_limit_is_rejected(text):
 
 
 @pytest.mark.parametrize(
-    ("time", "signal_s"),
-    [("00:05:00", 300), ("5", 300), ("00:06:00", 300), ("0-00:07", 301), ("2", 10), ("0:59", 10)],
+    ("time", "signal_s"), [("00:05:00", 300), ("5", 300), ("00:06:00", 300), ("0-00:07", 301), ("2", 10), ("0:59", 10)]
 )
 def test_a_time_limit_without_room_after_the_signal_is_refused(time, signal_s):
     """SLURM would signal the job as it starts (or before): it would checkpoint and requeue forever."""

@@ -39,14 +39,27 @@ TARGET_NAME = f"small FNO: compiled step >= {TARGET}x the eager step's speed"
 SMALL = {
     "tasks": {
         "advection1d": {
-            "pde": "advection1d", "source": "generate", "n_samples": 120, "resolution": 160, "coefficient": 0.1,
-            "temporal_stride": 5, "initial_step": 1, "batch_size": 20, "patch_size": 8,
+            "pde": "advection1d",
+            "source": "generate",
+            "n_samples": 120,
+            "resolution": 160,
+            "coefficient": 0.1,
+            "temporal_stride": 5,
+            "initial_step": 1,
+            "batch_size": 20,
+            "patch_size": 8,
         }
     },
     "model": {"name": "fno", "fno": {"width": 20, "modes": 8, "layers": 4}},
-    "train": {"objective": "one_step", "epochs": 1, "lr": 1.0e-3, "warmup_steps": 10, "checkpoint_every": None,
-              "val_every": None},
-}  # fmt: skip
+    "train": {
+        "objective": "one_step",
+        "epochs": 1,
+        "lr": 1.0e-3,
+        "warmup_steps": 10,
+        "checkpoint_every": None,
+        "val_every": None,
+    },
+}
 
 
 def _small_config(workdir: Path, compiled: bool, steps: int, warmup: int, log_every: int):
@@ -94,8 +107,11 @@ def small_model(workdir: Path, steps: int, warmup: int, repeats: int, log_every:
             shutil.rmtree(run.root, ignore_errors=True)
             run.prepare(cfg)
             run.write_inputs(folders)
-            print(f"compile benchmark: repeat {i + 1}/{repeats}, {'compiled' if compiled else 'eager'}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"compile benchmark: repeat {i + 1}/{repeats}, {'compiled' if compiled else 'eager'}",
+                file=sys.stderr,
+                flush=True,
+            )
             launch(run, 1, cfg, ["--stages", "fit"], module="train.worker")
             pair["compiled" if compiled else "eager"] = _steady(run, warmup, log_every)
         pair["speedup"] = pair["eager"]["step_time_s"] / pair["compiled"]["step_time_s"]
@@ -119,10 +135,24 @@ def default_run(workdir: Path) -> dict:
     for compiled in (False, True):
         runs = workdir / f"default-runs-{'compiled' if compiled else 'eager'}"
         shutil.rmtree(runs, ignore_errors=True)
-        command = [*base, "run", "--config", "configs/default.yaml", "--nproc", "2", *sets,
-                   "--set", f"run.runs_dir={runs}", "--set", f"compile.enabled={str(compiled).lower()}"]  # fmt: skip
-        print(f"compile benchmark: configs/default.yaml, {'compiled' if compiled else 'eager'}", file=sys.stderr,
-              flush=True)  # fmt: skip
+        command = [
+            *base,
+            "run",
+            "--config",
+            "configs/default.yaml",
+            "--nproc",
+            "2",
+            *sets,
+            "--set",
+            f"run.runs_dir={runs}",
+            "--set",
+            f"compile.enabled={str(compiled).lower()}",
+        ]
+        print(
+            f"compile benchmark: configs/default.yaml, {'compiled' if compiled else 'eager'}",
+            file=sys.stderr,
+            flush=True,
+        )
         start = time.perf_counter()
         proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         wall = time.perf_counter() - start

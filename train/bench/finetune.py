@@ -67,8 +67,16 @@ def run(out: Path, workdir: Path, quick: bool = False) -> dict:
     runs = {"base": base}
     budgets = QUICK["budgets"] if quick else BUDGETS
     for budget in budgets:
-        target = ["--set", f"tasks.{TASK}.coefficient={TARGET_BETA}", "--set", "train.epochs=1", "--set",
-                  f"train.steps_per_epoch={budget}", "--set", f"train.warmup_steps={budget // 6}"]  # fmt: skip
+        target = [
+            "--set",
+            f"tasks.{TASK}.coefficient={TARGET_BETA}",
+            "--set",
+            "train.epochs=1",
+            "--set",
+            f"train.steps_per_epoch={budget}",
+            "--set",
+            f"train.warmup_steps={budget // 6}",
+        ]
         runs[f"fine-tuned {budget}"] = [*target, "--set", f"train.init_from={root / 'runs' / 'base'}"]
         runs[f"scratch {budget}"] = target
     results, walls = {}, {}
@@ -97,19 +105,21 @@ def run(out: Path, workdir: Path, quick: bool = False) -> dict:
         f"{walls[f'fine-tuned {budget}']:.0f} s, {walls[f'scratch {budget}']:.0f} s |"
         for budget in budgets
     ]
-    markdown = "\n".join([
-        f"# Fine-tuning: {TASK} beta {SOURCE_BETA} -> beta {TARGET_BETA}",
-        "",
-        f"The base model (beta {SOURCE_BETA}, the default's training): test nRMSE {results['base']:.4g}; on every "
-        f"beta {TARGET_BETA} trajectory, before fine-tuning: {zero_shot:.4g}.",
-        "",
-        f"| steps on beta {TARGET_BETA} | fine-tuned from the base: test nRMSE | from scratch: test nRMSE | wall |",
-        "|---|---|---|---|",
-        *rows,
-        "",
-        f"{os.cpu_count()} CPUs, load average {load_before:.1f} before; reproduce with "
-        "`make bench BENCH_ARGS=finetune`.",
-        "",
-    ])  # fmt: skip
+    markdown = "\n".join(
+        [
+            f"# Fine-tuning: {TASK} beta {SOURCE_BETA} -> beta {TARGET_BETA}",
+            "",
+            f"The base model (beta {SOURCE_BETA}, the default's training): test nRMSE {results['base']:.4g}; on every "
+            f"beta {TARGET_BETA} trajectory, before fine-tuning: {zero_shot:.4g}.",
+            "",
+            f"| steps on beta {TARGET_BETA} | fine-tuned from the base: test nRMSE | from scratch: test nRMSE | wall |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+            f"{os.cpu_count()} CPUs, load average {load_before:.1f} before; reproduce with "
+            "`make bench BENCH_ARGS=finetune`.",
+            "",
+        ]
+    )
     save_result(out, "finetune", result, markdown)
     return result

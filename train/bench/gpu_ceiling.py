@@ -105,8 +105,15 @@ def measure(task: str, batch: int, mode: str, device: torch.device, steps: int =
         loss = run(k)
     sync()
     step_s = (time.perf_counter() - began) / steps
-    row = {"task": task, "batch": batch, "mode": mode, "step_ms": round(step_s * 1e3, 3),
-           "samples_per_s": round(batch / step_s), "warmup_s": round(warm_s, 1), "loss": float(loss)}  # fmt: skip
+    row = {
+        "task": task,
+        "batch": batch,
+        "mode": mode,
+        "step_ms": round(step_s * 1e3, 3),
+        "samples_per_s": round(batch / step_s),
+        "warmup_s": round(warm_s, 1),
+        "loss": float(loss),
+    }
     if device.type == "cuda":
         row["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20)
         del model, optimizer, data

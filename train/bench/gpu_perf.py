@@ -69,8 +69,10 @@ class GpuUtilisation:
             try:
                 out = subprocess.run(
                     ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0"],
-                    capture_output=True, text=True, timeout=5,
-                )  # fmt: skip
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                )
                 self.samples.append(float(out.stdout.split()[0]))
                 self.times.append(time.monotonic())
             except (OSError, ValueError, IndexError, subprocess.SubprocessError):
@@ -148,11 +150,17 @@ class Bench:
         log_every = max(1, steps // 4)
         compiled = [f"compile.mode={mode}"] if mode else ["compile.enabled=false"]
         return [
-            f"tasks.{TASK}.batch_size={batch}", "train.epochs=1", f"train.steps_per_epoch={steps + log_every}",
-            f"train.log_every={log_every}", "train.val_every=1000000", "train.checkpoint_every=null",
-            f"train.data_on_device={str(on_device).lower()}", f"train.objective={objective}", *compiled,
+            f"tasks.{TASK}.batch_size={batch}",
+            "train.epochs=1",
+            f"train.steps_per_epoch={steps + log_every}",
+            f"train.log_every={log_every}",
+            "train.val_every=1000000",
+            "train.checkpoint_every=null",
+            f"train.data_on_device={str(on_device).lower()}",
+            f"train.objective={objective}",
+            *compiled,
             *(["train.precision=fp32"] if self.toy else []),
-        ]  # fmt: skip
+        ]
 
     def trainer(self, name: str, overrides: list[str], during=None) -> dict:
         """One fit of the trainer; samples/s, step time and data wait of its steady windows, GPU busy then."""
@@ -257,8 +265,9 @@ def sweep(bench: Bench, budget_s: float, batch: int) -> list[dict]:
         if time.monotonic() - began > budget_s:
             rows.append({**row, "skipped": f"over the {budget_s:.0f} s budget"})
             continue
-        settings = bench.settings(batch, steps, on_device=on_device, mode=mode[1] if mode else None,
-                                  objective="pushforward")  # fmt: skip
+        settings = bench.settings(
+            batch, steps, on_device=on_device, mode=mode[1] if mode else None, objective="pushforward"
+        )
         try:
             rows.append({**row, **bench.trainer(f"sweep-{name}-{row['data']}-{batch}", settings)})
         except Exception as e:  # one row's failure (out of memory, a compile error) is that row's
@@ -275,8 +284,12 @@ def against_bare(bench: Bench, batch: int, mode: str | None, repeats: int = 2) -
         ours = bench.trainer(f"against-bare-{i}", settings)
         bare = bench.bare(settings, steps)
         pairs.append({"trainer": ours, "bare": bare, "ratio": ours["step_ms"] / bare["step_ms"]})
-    return {"batch": batch, "mode": mode or "eager", "ratio": statistics.median(p["ratio"] for p in pairs),
-            "repeats": pairs}  # fmt: skip
+    return {
+        "batch": batch,
+        "mode": mode or "eager",
+        "ratio": statistics.median(p["ratio"] for p in pairs),
+        "repeats": pairs,
+    }
 
 
 def no_sync(bench: Bench, batch: int, mode: str | None, checked: int = 50, warmup: int = 20) -> dict:
@@ -308,8 +321,13 @@ def no_sync(bench: Bench, batch: int, mode: str | None, checked: int = 50, warmu
         if bench.device.type == "cuda":
             torch.cuda.set_sync_debug_mode(0)
         return {"passed": False, "steps_checked": seen["checked"], "error": str(e)[:1500]}
-    return {"passed": seen["checked"] == checked, "steps_checked": seen["checked"], "batch": batch,
-            "mode": mode or "eager", "checked_on": str(bench.device)}  # fmt: skip
+    return {
+        "passed": seen["checked"] == checked,
+        "steps_checked": seen["checked"],
+        "batch": batch,
+        "mode": mode or "eager",
+        "checked_on": str(bench.device),
+    }
 
 
 def launches_per_step(bench: Bench, batch: int, mode: str | None, warmup: int = 20) -> dict:
@@ -344,8 +362,12 @@ def launches_per_step(bench: Bench, batch: int, mode: str | None, warmup: int = 
     bench.trainer("launches", settings, during=arm)
     counts = {k: seen.get(k) for k in ("graph", "kernel", "copy", "ops_outside_graphs")}
     other = (counts["kernel"] or 0) + (counts["copy"] or 0)
-    return {"batch": batch, "mode": mode or "eager", **counts,
-            "target_met": bench.device.type == "cuda" and (counts["graph"] or 0) <= 1 and other <= 10}  # fmt: skip
+    return {
+        "batch": batch,
+        "mode": mode or "eager",
+        **counts,
+        "target_met": bench.device.type == "cuda" and (counts["graph"] or 0) <= 1 and other <= 10,
+    }
 
 
 def best(rows: list[dict], **match) -> dict | None:

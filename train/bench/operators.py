@@ -52,8 +52,10 @@ def run(out: Path, workdir: Path, quick: bool = False) -> dict:
     for key in ("data", "cache", "runs"):
         shutil.rmtree(workdir / f"operators-{key}", ignore_errors=True)  # from nothing
     configs = {name: _run_config(name, workdir, quick) for name in CONFIGS}
-    targets = {f"{name}: test rel. L2 {TARGET_RATIO:.0f}x better than the baseline": r["target_met"]
-               for name, r in configs.items()}  # fmt: skip
+    targets = {
+        f"{name}: test rel. L2 {TARGET_RATIO:.0f}x better than the baseline": r["target_met"]
+        for name, r in configs.items()
+    }
     result = {"configs": configs, "machine": machine_figures(load_before), "targets": targets}
     rows = [
         f"| configs/{name}.yaml | {r['train_samples']} / {r['test_samples']} | {r['rel_l2']:.4f} | "

@@ -24,8 +24,13 @@ from train.errors import TrainError
 from train.obs.sinks import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = ["model.name=transformer", "model.transformer.d_model=256", "model.transformer.n_layers=8",
-         "model.transformer.n_heads=8", "train.objective=one_step"]  # fmt: skip
+MODEL = [
+    "model.name=transformer",
+    "model.transformer.d_model=256",
+    "model.transformer.n_layers=8",
+    "model.transformer.n_heads=8",
+    "train.objective=one_step",
+]
 PLAN = [
     (2, "ddp", "full"),
     (2, "fsdp", "sharded"),
@@ -40,11 +45,31 @@ TARGETS = {2: 0.6, 4: 0.35}
 
 
 def _fit(workdir: Path, run: str, nproc: int, strategy: str, *extra: str) -> list[dict]:
-    sets = [*MODEL, f"dist.parallel={strategy}", "dist.shard_group_size=2", "train.epochs=1",
-            "train.steps_per_epoch=30", "train.log_every=10", "train.checkpoint_every=20", "train.val_every=1000",
-            *(f"run.{k}_dir={workdir / k}" for k in ("data", "cache", "runs")), *extra]  # fmt: skip
-    command = [sys.executable, "-m", "train", "fit", "--config", "configs/tiny.yaml", "--nproc", str(nproc),
-               "--run", run, *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    sets = [
+        *MODEL,
+        f"dist.parallel={strategy}",
+        "dist.shard_group_size=2",
+        "train.epochs=1",
+        "train.steps_per_epoch=30",
+        "train.log_every=10",
+        "train.checkpoint_every=20",
+        "train.val_every=1000",
+        *(f"run.{k}_dir={workdir / k}" for k in ("data", "cache", "runs")),
+        *extra,
+    ]
+    command = [
+        sys.executable,
+        "-m",
+        "train",
+        "fit",
+        "--config",
+        "configs/tiny.yaml",
+        "--nproc",
+        str(nproc),
+        "--run",
+        run,
+        *(a for s in sets for a in ("--set", s)),
+    ]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if proc.returncode:
         raise TrainError(f"{run} failed with exit code {proc.returncode}:\n{proc.stderr[-3000:]}")

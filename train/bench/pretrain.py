@@ -121,7 +121,7 @@ def run(out: Path, workdir: Path, quick: bool = False) -> dict:
         "targets": {
             "fine-tuning reaches the from-scratch final error in at most a third of its steps": bool(
                 reached and reached[0] * 3 <= budgets[-1]
-            ),
+            )
         },
     }
     save_result(out, "pretrain", result, _markdown(result, recipe, budgets, load_before))
@@ -139,31 +139,36 @@ def _markdown(result: dict, recipe: dict, budgets: tuple[int, ...], load_before:
     pre, alone = result["summary"]["pretrained"], result["summary"]["alone"]
     reached = result["fine_tuned_reaches_scratch_final_at"]
     walls = result["wall_s"]
-    return "\n".join([
-        "# Pretraining on many datasets",
-        "",
-        f"One multi-physics model trained {result['steps']} steps on {len(rows)} datasets at once (each rank draws "
-        f"one per step) against a model of the same settings trained {result['steps']} steps on each dataset "
-        "alone; test nRMSE (rollouts over the whole test trajectories for the time-dependent datasets).",
-        "",
-        "| dataset | pde | pretrained on the mix | alone | mix / alone | baseline |",
-        "|---|---|---|---|---|---|",
-        *rows,
-        "",
-        f"Geometric mean of nRMSE / baseline: {pre['nrmse_to_baseline']:.3g} pretrained, "
-        f"{alone['nrmse_to_baseline']:.3g} alone. Wall: {walls['pretrain']:.0f} s for the mix, "
-        f"{sum(v for k, v in walls.items() if k.startswith('alone-')):.0f} s for the {len(rows)} single models.",
-        "",
-        f"## Fine-tuning onto {result['held_out']}, held out of the mix",
-        "",
-        "| steps | fine-tuned from the mix: test nRMSE | from scratch: test nRMSE |",
-        "|---|---|---|",
-        *curve,
-        "",
-        (f"Fine-tuning reaches the from-scratch model's final error ({budgets[-1]} steps) in {reached} steps."
-         if reached else f"Fine-tuning does not reach the from-scratch model's final error in {budgets[-1]} steps."),
-        "",
-        f"{os.cpu_count()} CPUs, load average {load_before:.1f} before; reproduce with "
-        "`make bench BENCH_ARGS=pretrain`.",
-        "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "# Pretraining on many datasets",
+            "",
+            f"One multi-physics model trained {result['steps']} steps on {len(rows)} datasets at once (each rank draws "
+            f"one per step) against a model of the same settings trained {result['steps']} steps on each dataset "
+            "alone; test nRMSE (rollouts over the whole test trajectories for the time-dependent datasets).",
+            "",
+            "| dataset | pde | pretrained on the mix | alone | mix / alone | baseline |",
+            "|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Geometric mean of nRMSE / baseline: {pre['nrmse_to_baseline']:.3g} pretrained, "
+            f"{alone['nrmse_to_baseline']:.3g} alone. Wall: {walls['pretrain']:.0f} s for the mix, "
+            f"{sum(v for k, v in walls.items() if k.startswith('alone-')):.0f} s for the {len(rows)} single models.",
+            "",
+            f"## Fine-tuning onto {result['held_out']}, held out of the mix",
+            "",
+            "| steps | fine-tuned from the mix: test nRMSE | from scratch: test nRMSE |",
+            "|---|---|---|",
+            *curve,
+            "",
+            (
+                f"Fine-tuning reaches the from-scratch model's final error ({budgets[-1]} steps) in {reached} steps."
+                if reached
+                else f"Fine-tuning does not reach the from-scratch model's final error in {budgets[-1]} steps."
+            ),
+            "",
+            f"{os.cpu_count()} CPUs, load average {load_before:.1f} before; reproduce with "
+            "`make bench BENCH_ARGS=pretrain`.",
+            "",
+        ]
+    )

@@ -72,8 +72,12 @@ def timed_launch(cfg: Config, folders: dict, warmup: int, api) -> dict:
     steady = [r["step_time_s"] for r in windows if r["step"] - cfg.train.log_every >= warmup]
     if not steady:
         raise RuntimeError(f"no metrics window after {warmup} warmup steps in {run.root / 'metrics.jsonl'}")
-    return {"step_time_s": statistics.median(steady), "windows": len(steady), "mirrored": mirrored,
-            "mirrored_while_training": len(in_time)}  # fmt: skip
+    return {
+        "step_time_s": statistics.median(steady),
+        "windows": len(steady),
+        "mirrored": mirrored,
+        "mirrored_while_training": len(in_time),
+    }
 
 
 def run(out: Path, workdir: Path, steps: int, warmup: int, repeats: int, rate_mb_s: float, quick: bool) -> dict:
@@ -81,8 +85,10 @@ def run(out: Path, workdir: Path, steps: int, warmup: int, repeats: int, rate_mb
     log_every = 2 if quick else 10
     cfg, overrides = config(workdir, "bench-remote", steps, warmup, log_every, quick)
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"checkpoint_every": CHECKPOINT_EVERY})})
-    overrides = [*(o for o in overrides if not o.startswith("train.checkpoint_every")),
-                 f"train.checkpoint_every={CHECKPOINT_EVERY}"]  # fmt: skip
+    overrides = [
+        *(o for o in overrides if not o.startswith("train.checkpoint_every")),
+        f"train.checkpoint_every={CHECKPOINT_EVERY}",
+    ]
     folders = stage_cache(cfg, stage_data(cfg))
     api = slow_bucket(rate_mb_s)
     load_before = os.getloadavg()[0]
@@ -92,8 +98,9 @@ def run(out: Path, workdir: Path, steps: int, warmup: int, repeats: int, rate_mb
         without = timed_launch(cfg, folders, warmup, None)
         print(f"remote benchmark: repeat {i + 1}/{repeats}, slow remote", file=sys.stderr, flush=True)
         with_remote = timed_launch(cfg, folders, warmup, api)
-        pairs.append({"without": without, "with": with_remote,
-                      "ratio": with_remote["step_time_s"] / without["step_time_s"]})  # fmt: skip
+        pairs.append(
+            {"without": without, "with": with_remote, "ratio": with_remote["step_time_s"] / without["step_time_s"]}
+        )
     ratio = statistics.median(p["ratio"] for p in pairs)
     checkpoint_bytes = sum(
         p.stat().st_size for p in (Path(cfg.run.runs_dir) / "bench-remote" / "checkpoints").glob("step_*.pt")

@@ -131,9 +131,14 @@ def build(workdir: Path, label: str, tasks: dict, sources: list[Path]) -> dict:
         read += 2 * source.stat().st_size
         per_task[name] = {"in_place": bool(manifest.get("in_place")), "cache_bytes": footprint, "used_bytes": used}
     return {
-        "wall_s": wall, "stage_s": stage, "bytes_read": read, "gb_s": read / stage / 1e9, "peak_rss": peak,
-        "tasks": per_task, "oom_kills": group.oom_kills,
-    }  # fmt: skip
+        "wall_s": wall,
+        "stage_s": stage,
+        "bytes_read": read,
+        "gb_s": read / stage / 1e9,
+        "peak_rss": peak,
+        "tasks": per_task,
+        "oom_kills": group.oom_kills,
+    }
 
 
 def _used_bytes(manifest: dict) -> int:
@@ -263,8 +268,10 @@ def run(out: Path, workdir: Path, quick: bool = False, cfd_fraction: float = 0.1
     free = free_bytes(workdir) or 0
     print(f"scale: needs about {human(need)} under {workdir} ({human(free)} free)", flush=True)
     if free < need:
-        raise TrainError(f"{workdir}: {human(free)} free, the scale benchmark needs about {human(need)}; free disk "
-                         "or pass a smaller --cfd-fraction to write a smaller share of the CFD file")  # fmt: skip
+        raise TrainError(
+            f"{workdir}: {human(free)} free, the scale benchmark needs about {human(need)}; free disk "
+            "or pass a smaller --cfd-fraction to write a smaller share of the CFD file"
+        )
     data = workdir / "data"
     data.mkdir(exist_ok=True)
     adv = data / f"1D_Advection_Sols_beta0.1_n{n_adv}.hdf5"
@@ -323,9 +330,7 @@ def markdown(r: dict) -> str:
     gb = 1e9
     mib = 2**20
     launched, load = r["launch"], r["machine"]["load_average_1min"]
-    rows = [
-        f"| {p['role']} | {p['rss'] / mib:,.0f} | {p['pss'] / mib:,.0f} |" for p in launched["processes"]
-    ]  # fmt: skip
+    rows = [f"| {p['role']} | {p['rss'] / mib:,.0f} | {p['pss'] / mib:,.0f} |" for p in launched["processes"]]
     builds = []
     for label, b, ratio in (("in place", r["in_place"], r["in_place_ratio"]), ("copy", r["copy"], r["copy_ratio"])):
         for name, t in b["tasks"].items():

@@ -75,12 +75,17 @@ def run(out: Path, workdir: Path, quick: bool = False) -> dict:
     for t in sorted(study.trials(), key=lambda t: t.number):
         run_dir = root / "runs" / "fno" / f"trial-{t.number:03d}"
         finished = t.state.name == "COMPLETE"
-        rows.append({
-            "trial": t.number, "params": t.params, "state": t.state.name.lower(),
-            "val_nrmse": t.value if finished else t.user_attrs.get("pruned_score"),
-            "test_nrmse": _mean_test_nrmse(run_dir) if finished else None,
-            "steps": t.user_attrs.get("steps"), "seconds": t.user_attrs.get("seconds"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "trial": t.number,
+                "params": t.params,
+                "state": t.state.name.lower(),
+                "val_nrmse": t.value if finished else t.user_attrs.get("pruned_score"),
+                "test_nrmse": _mean_test_nrmse(run_dir) if finished else None,
+                "steps": t.user_attrs.get("steps"),
+                "seconds": t.user_attrs.get("seconds"),
+            }
+        )
     default_val = min(
         r["val_nrmse"] for r in _validations(root / "runs" / "default" / "metrics.jsonl")
     )  # the default run's best validation, as a trial is scored
@@ -135,8 +140,10 @@ def _markdown(r: dict, n_trials: int, load_before: float) -> str:
         "| | " + " | ".join(f"{t} test nRMSE" for t in tasks) + " | val nRMSE |",
         "|---|" + "---|" * (len(tasks) + 1),
         "| default config (width 20, modes 12, lr 1e-3) | "
-        + " | ".join(f"{d['per_task'][t]['nrmse']:.4g}" for t in tasks) + f" | {d['val_nrmse']:.4g} |",
-        f"| best trial ({b['trial']}) | " + " | ".join(f"{r['best_per_task'][t]['nrmse']:.4g}" for t in tasks)
+        + " | ".join(f"{d['per_task'][t]['nrmse']:.4g}" for t in tasks)
+        + f" | {d['val_nrmse']:.4g} |",
+        f"| best trial ({b['trial']}) | "
+        + " | ".join(f"{r['best_per_task'][t]['nrmse']:.4g}" for t in tasks)
         + f" | {b['val_nrmse']:.4g} |",
         "",
         f"Sweep wall time {r['sweep_wall_s']:.0f} s; its trials' own time {r['trials_wall_s']:.0f} s (the machinery: "
@@ -145,5 +152,5 @@ def _markdown(r: dict, n_trials: int, load_before: float) -> str:
         "",
         f"{os.cpu_count()} CPUs, load average {load_before:.1f} before; reproduce with `make bench BENCH_ARGS=sweep`.",
         "",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines)

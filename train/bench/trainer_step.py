@@ -48,9 +48,14 @@ def config(workdir: Path, name: str, steps: int, warmup: int, log_every: int, qu
         "train.val_every=null",
     ]
     if not quick:  # the transformer, one step at a time: the least work per step, where overhead shows most
-        overrides += ["model.name=transformer", "model.transformer.d_model=96", "model.transformer.n_heads=4",
-                      "model.transformer.n_layers=3", "tasks.darcy2d.batch_size=16",
-                      "train.objective=one_step"]  # fmt: skip
+        overrides += [
+            "model.name=transformer",
+            "model.transformer.d_model=96",
+            "model.transformer.n_heads=4",
+            "model.transformer.n_layers=3",
+            "tasks.darcy2d.batch_size=16",
+            "train.objective=one_step",
+        ]
     folders = [
         f"run.data_dir={workdir / 'trainer-data'}",
         f"run.cache_dir={workdir / 'trainer-cache'}",

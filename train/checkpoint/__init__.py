@@ -195,15 +195,10 @@ def small_components(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
-def checkpoint_sha1(path: Path) -> str:
-    """What a checkpoint's bytes hash to: a file's SHA1, or a sharded checkpoint's manifest's (which names every
-    file's checksum)."""
-    return file_digest(shards.content_file(path), "sha1")["sha1"]
-
-
-def checkpoint_sha256(path: Path) -> str:
-    """The same in SHA-256: what a fine-tuned run records of its source."""
-    return file_digest(shards.content_file(path), "sha256")["sha256"]
+def checkpoint_digest(path: Path, algorithm: str = "sha1") -> str:
+    """What a checkpoint's bytes hash to: a file's digest, or a sharded checkpoint's manifest's (which names every
+    file's checksum). SHA1 for the copies the launchers compare, SHA-256 for a fine-tuned run's source."""
+    return file_digest(shards.content_file(path), algorithm)[algorithm]
 
 
 def misnamed(path: Path, state: dict[str, Any]) -> str | None:
@@ -260,8 +255,11 @@ def set_aside_unreadable(folder: Path) -> list[Path]:
             before = step_files[i - 1].name if i else "none: training starts over"
             log.warning(
                 "checkpoint %s cannot be read (%s); moved to %s. Continuing from the one before it (%s)",
-                step_files[i].name, reason, dest, before,
-            )  # fmt: skip
+                step_files[i].name,
+                reason,
+                dest,
+                before,
+            )
     best = best_checkpoint(folder)
     if best is not None and (reason := unreadable(best)) is not None:
         with contextlib.suppress(FileNotFoundError):
@@ -272,8 +270,12 @@ def set_aside_unreadable(folder: Path) -> list[Path]:
                 "the one evaluation scores: until a later validation improves on that score and writes a new "
                 "best.pt, evaluation scores the newest step checkpoint (%s) instead, and the report names it. To "
                 "score the best one, put an intact copy back as %s (with run.remote, the remote keeps one)",
-                best.name, reason, dest, newest.name if newest else "none yet", best,
-            )  # fmt: skip
+                best.name,
+                reason,
+                dest,
+                newest.name if newest else "none yet",
+                best,
+            )
     return moved
 
 

@@ -127,8 +127,13 @@ def init_distributed(env: DistEnv, timeout_s: int, fallback: bool = False) -> Di
     """
     log.debug(
         "rank %d: local rank %d, world size %d, backend %s, device %s; environment: %s",
-        env.rank, env.local_rank, env.world_size, env.backend, env.device, redacted_environ(os.environ),
-    )  # fmt: skip
+        env.rank,
+        env.local_rank,
+        env.world_size,
+        env.backend,
+        env.device,
+        redacted_environ(os.environ),
+    )
     if env.device.type == "cuda":
         torch.cuda.set_device(env.local_rank)  # an int, before init: NCCL binds the communicator to this device
     if dist.is_initialized():

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train.checkpoint import checkpoint_sha1, load_checkpoint, shards
+from train.checkpoint import checkpoint_digest, load_checkpoint, shards
 from train.distributed.env import DistEnv
 from train.errors import DataError, DistributedError
 
@@ -82,7 +82,7 @@ def shared_checkpoint(
 
 
 def _open_folder(path: Path, sha1: str | None, whole: bool) -> dict[str, Any]:
-    if sha1 is not None and (got := checkpoint_sha1(path)) != sha1:
+    if sha1 is not None and (got := checkpoint_digest(path)) != sha1:
         _changed(path, got, sha1)
     return load_checkpoint(path) if whole else shards.components(path)
 

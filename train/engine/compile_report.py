@@ -200,8 +200,11 @@ def ops_outside_graphs(events) -> int:
     return count
 
 
-LAUNCHES = {"graph": ("cudaGraphLaunch",), "kernel": ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"),
-            "copy": ("cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemcpy")}  # fmt: skip
+LAUNCHES = {
+    "graph": ("cudaGraphLaunch",),
+    "kernel": ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"),
+    "copy": ("cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemcpy"),
+}
 """The CUDA runtime calls of a profiler trace that launch work on the GPU, by kind."""
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from train.checkpoint import CONFIG, MODEL, SPECS, checkpoint_sha256, load_checkpoint
+from train.checkpoint import CONFIG, MODEL, SPECS, checkpoint_digest, load_checkpoint
 from train.config import Config
 from train.engine.param_groups import names_of, selected
 from train.errors import ConfigError
@@ -31,7 +31,10 @@ from train.model.specs import spec_from_record
 
 log = logging.getLogger(__name__)
 
-sha256_of = checkpoint_sha256  # the record's digest, as the launcher wrote it (train.remote.fetch)
+
+def sha256_of(path: Path) -> str:
+    """The record's digest, as the launcher wrote it (train.remote.fetch)."""
+    return checkpoint_digest(path, "sha256")
 
 
 def _task_of(key: str, tasks: set[str]) -> str | None:
@@ -49,7 +52,7 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
             f"{where}: {path} holds a model.name={theirs} model; this run builds model.name={cfg.model.name}. "
             "Fine-tune with the source's architecture (model.name and its settings)"
         )
-    if record.get("sha256") and checkpoint_sha256(path) != record["sha256"]:
+    if record.get("sha256") and sha256_of(path) != record["sha256"]:
         raise ConfigError(f"{where}: {path} changed since the launcher chose it; re-run the command")
     state, ours = saved[MODEL], model.state_dict()
     source_tasks, our_tasks = set(saved.get(SPECS, {})), set(cfg.tasks)
@@ -80,8 +83,9 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
         )
     unused = [k for k in state if k not in ours and _task_of(k, dropped) is None]
     if unused:
-        raise ConfigError(f"{where}: the source has parameters this model lacks: {', '.join(unused[:8])}; match "
-                          "model.* to the source")  # fmt: skip
+        raise ConfigError(
+            f"{where}: the source has parameters this model lacks: {', '.join(unused[:8])}; match model.* to the source"
+        )
     reset = {}
     for selector, how in cfg.train.init_reset.items():
         reset.update(dict.fromkeys(selected(model, selector, "train.init_reset"), how))
@@ -101,15 +105,23 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
             if reset.get(name) == "zero":
                 p.zero_()
     log.info(
-        "initial weights from %s: %d tensors loaded%s%s%s%s%s", path, len(load),
+        "initial weights from %s: %d tensors loaded%s%s%s%s%s",
+        path,
+        len(load),
         f"; kept fresh or zeroed (train.init_reset): {', '.join(cfg.train.init_reset)}" if reset else "",
         f"; fresh heads for {', '.join(sorted(fresh))}" if fresh else "",
         f"; fresh rows for the new field(s) {', '.join(new_fields)}" if new_fields else "",
         f"; fresh projections for the new patch geometry {', '.join(sorted(shapes))}" if shapes else "",
         f"; the source's {', '.join(sorted(dropped))} left out" if dropped else "",
-    )  # fmt: skip
-    return {**record, "loaded": len(load), "fresh_tasks": sorted(fresh), "dropped_tasks": sorted(dropped),
-            "new_fields": new_fields, "new_geometries": sorted(shapes)}  # fmt: skip
+    )
+    return {
+        **record,
+        "loaded": len(load),
+        "fresh_tasks": sorted(fresh),
+        "dropped_tasks": sorted(dropped),
+        "new_fields": new_fields,
+        "new_geometries": sorted(shapes),
+    }
 
 
 def freeze(model: nn.Module, prefixes: list[str]) -> int:

@@ -101,8 +101,11 @@ def data_placement(cfg: Config, datasets: list, device: torch.device) -> Placeme
     log.info(
         "training data %s: %s of arrays, %s free on %s (%s)",
         "on the device, batches gathered there" if where.on_device else "read through the loader",
-        human(where.nbytes), human(where.free), device, where.reason,
-    )  # fmt: skip
+        human(where.nbytes),
+        human(where.free),
+        device,
+        where.reason,
+    )
     return where
 
 

@@ -99,8 +99,9 @@ def _fsdp(root: nn.Module, model: nn.Module, env: DistEnv, cfg: Config, find_unu
     fully_shard(root, mesh=mesh, **({"mp_policy": policy} if policy else {}))
     replicas = f", {env.world_size // group} replica(s)" if strategy == "hsdp" else ""
     shown = ", ".join(units[:6]) + (" ..." if len(units) > 6 else "")
-    log.info("dist.parallel=%s: %d unit(s) sharded over %d rank(s)%s: %s", strategy, len(units) + 1, group, replicas,
-             shown)  # fmt: skip
+    log.info(
+        "dist.parallel=%s: %d unit(s) sharded over %d rank(s)%s: %s", strategy, len(units) + 1, group, replicas, shown
+    )
     return root
 
 

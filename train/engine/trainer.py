@@ -120,8 +120,10 @@ class Trainer:
         # which may be gone by now, is read only for a run's first start.
         if cfg.train.init_from is not None and latest_checkpoint(run.checkpoints) is None:
             if self.weights_from is None:
-                raise DataError(f"train.init_from is set but {run.inputs} records no source checkpoint; launch with "
-                                "'python -m train fit' (or run), which resolves it")  # fmt: skip
+                raise DataError(
+                    f"train.init_from is set but {run.inputs} records no source checkpoint; launch with "
+                    "'python -m train fit' (or run), which resolves it"
+                )
             load_initial_weights(self.model, cfg, self.weights_from)
         self.data = {t.name: t.info.source_checksums() for t in tasks}
         """The checksums of the files each task was built from, recorded in every checkpoint (train.run_data)."""
@@ -170,10 +172,19 @@ class Trainer:
         self.forward = self.ddp
         if whole:
             self.whole_step = WholeStep(
-                self.model, self._predictions, self.optimizer, cfg, env, self.names,
-                {t.name: cfg.tasks[t.name].loss_weight for t in tasks}, self.rolled_out, self.precision, self.micro,
-                graph_mode(cfg.compile, env), self.backend,
-            )  # fmt: skip
+                self.model,
+                self._predictions,
+                self.optimizer,
+                cfg,
+                env,
+                self.names,
+                {t.name: cfg.tasks[t.name].loss_weight for t in tasks},
+                self.rolled_out,
+                self.precision,
+                self.micro,
+                graph_mode(cfg.compile, env),
+                self.backend,
+            )
             self.watch = CompileWatch("whole step", backend=str(self.backend))
         elif self.compiling:
             self.forward = compile_model(self.ddp, cfg.compile, env, self.backend)
@@ -244,8 +255,9 @@ class Trainer:
         self.whole_step = None
         self.ddp = self._wrap()
         if broke:
-            log.warning("torch.compile: a graph break at %s; the model is compiled alone, the step around it eager",
-                        place)  # fmt: skip
+            log.warning(
+                "torch.compile: a graph break at %s; the model is compiled alone, the step around it eager", place
+            )
             where, _, reason = place.partition(": ")
             self.watch.add_break(f"Graph break in user code at {where}\nGraph Break Reason: {reason}")
             self.watch.facts.mode, self.watch.facts.why = "model", f"a graph break at {where}"
@@ -621,9 +633,13 @@ class Trainer:
         improved, stop = bool(decision[0]), bool(decision[1])
         sinks.write({"step": s.global_step, "epoch": self._epoch_float(), **val})
         log.info(
-            "validation at step %d: %s (%s %.4g%s)", s.global_step, ", ".join(f"{k} {v:.4g}" for k, v in val.items()),
-            cfg.val_metric, score, ", best" if improved else f", {s.bad_validations} without improvement",
-        )  # fmt: skip
+            "validation at step %d: %s (%s %.4g%s)",
+            s.global_step,
+            ", ".join(f"{k} {v:.4g}" for k, v in val.items()),
+            cfg.val_metric,
+            score,
+            ", best" if improved else f", {s.bad_validations} without improvement",
+        )
         if improved and self.shard_checkpoints:
             self._save_shards(self.checkpoints / BEST_SHARDED)
             if self.env.is_main:  # one best: the one just written

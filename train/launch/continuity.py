@@ -64,8 +64,9 @@ def check_same_data(cfg: Config, run: RunDir, infos: Mapping[str, CacheInfo]) ->
             continue
         what = "; ".join(problems)
         if cfg.train.accept_changed_data:
-            log.warning("%s was trained on other data (%s); continuing on the new data (train.accept_changed_data)",
-                        path, what)  # fmt: skip
+            log.warning(
+                "%s was trained on other data (%s); continuing on the new data (train.accept_changed_data)", path, what
+            )
             return
         raise DataError(
             f"{path} was trained on other data than this launch found: {what}. Continuing would train and score it "

@@ -349,9 +349,12 @@ def check_shm(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None], f
         # Enough for this config, but the size every container gets unless asked: the next change (workers,
         # GPUs) is a SIGBUS in a DataLoader worker (docs/troubleshooting.md). Say so now, while it is cheap to fix.
         return Check(
-            "/dev/shm", WARN, f"{have}; needs {human(need)}, but this is Docker's 64 MB default: more DataLoader "
-            "workers or NCCL across GPUs will exhaust it", fix,
-        )  # fmt: skip
+            "/dev/shm",
+            WARN,
+            f"{have}; needs {human(need)}, but this is Docker's 64 MB default: more DataLoader "
+            "workers or NCCL across GPUs will exhaust it",
+            fix,
+        )
     return Check("/dev/shm", PASS, f"{have}; needs {human(need)}")
 
 
@@ -374,8 +377,12 @@ def check_device_data(cfg: Config, caches: Mapping[str, CacheInfo | None], facts
     fix = "set train.data_on_device=auto or false, or raise train.data_on_device_share"
     if setting is True:
         return Check("data on device", FAIL, f"training arrays take {size}, more than {have}", fix)
-    return Check("data on device", WARN, f"training arrays take {size}, more than {have}: read through the "
-                 "loader (slower)", "smaller or fewer tasks, or a larger train.data_on_device_share")  # fmt: skip
+    return Check(
+        "data on device",
+        WARN,
+        f"training arrays take {size}, more than {have}: read through the loader (slower)",
+        "smaller or fewer tasks, or a larger train.data_on_device_share",
+    )
 
 
 def check_model_state(cfg: Config, nproc: int, facts: Facts) -> Check | None:
@@ -393,8 +400,9 @@ def check_model_state(cfg: Config, nproc: int, facts: Facts) -> Check | None:
         return Check("model state", PASS, detail + ("" if facts.gpus else "; no GPU"))
     fix = "dist.parallel=fsdp (or hsdp across nodes) shards it over the ranks" if strategy == "ddp" else "more ranks"
     status = FAIL if per_rank > facts.gpu_memory else WARN
-    return Check("model state", status, f"{detail}, of the GPU's {human(facts.gpu_memory)} (activations come on top)",
-                 fix)  # fmt: skip
+    return Check(
+        "model state", status, f"{detail}, of the GPU's {human(facts.gpu_memory)} (activations come on top)", fix
+    )
 
 
 def check_memlock(facts: Facts, topology: Topology | None) -> Check:

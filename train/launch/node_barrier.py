@@ -137,8 +137,14 @@ class NodeBarrier:
                     ) from None
                 if now - reported >= REPORT_EVERY_S:
                     reported = now
-                    log.info("node %d: still waiting for node 0's launcher at %s (%.0f s of %d s; %s)",
-                             self.topology.node_rank, self.endpoint, now - start, self.timeout_s, e)  # fmt: skip
+                    log.info(
+                        "node %d: still waiting for node 0's launcher at %s (%.0f s of %d s; %s)",
+                        self.topology.node_rank,
+                        self.endpoint,
+                        now - start,
+                        self.timeout_s,
+                        e,
+                    )
             time.sleep(POLL_S)
 
     def _lost(self, error: Exception) -> DistributedError:
@@ -199,8 +205,10 @@ class NodeBarrier:
             log.warning(
                 "node %d advertises %s, a public address: anyone who reaches the rendezvous and gloo/NCCL ports can "
                 "join or steer this run. Run nodes on a private network or VPN and firewall the ports to the peers "
-                "(docs/launching.md, several machines)", self.topology.node_rank, self.address,
-            )  # fmt: skip
+                "(docs/launching.md, several machines)",
+                self.topology.node_rank,
+                self.address,
+            )
         self._probe = socket.create_server((self.address, 0), backlog=self.topology.nnodes * 4)
         try:
             self._store.set(_ADDRESS.format(self.topology.node_rank), f"{self.address}:{self._probe.getsockname()[1]}")

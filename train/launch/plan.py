@@ -16,7 +16,7 @@ import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from train.checkpoint import checkpoint_sha1, checkpoint_step
+from train.checkpoint import checkpoint_digest, checkpoint_step
 from train.errors import DistributedError
 
 PLAN_KEY = "train/launch/plan"
@@ -39,7 +39,7 @@ class CheckpointRef:
     def of(cls, path: Path) -> CheckpointRef:
         step = checkpoint_step(path.name)
         assert step is not None, f"{path} is no step checkpoint"
-        return cls(path.name, step, checkpoint_sha1(path))
+        return cls(path.name, step, checkpoint_digest(path))
 
 
 @dataclass(frozen=True)

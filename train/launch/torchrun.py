@@ -17,15 +17,7 @@ from pathlib import Path
 import torch
 
 from train.config import Config
-from train.errors import (
-    ConfigError,
-    DataError,
-    DiskFullError,
-    DistributedError,
-    Preempted,
-    PreflightError,
-    TrainError,
-)
+from train.errors import ConfigError, DataError, DiskFullError, DistributedError, Preempted, PreflightError, TrainError
 from train.heap import freeze_imported
 from train.launch.address import network_environ
 from train.launch.topology import Topology, nproc_for, threads_per_rank, topology_from_environ

@@ -43,9 +43,15 @@ def watched_launch(
     mirror = None
     if remote is not None:  # first: a remote that cannot be reached fails the launch before W&B starts a run
         mirror = RunMirror(
-            remote, run, cfg.train.keep_checkpoints, node_rank=node_rank, node_local=node_local,
-            identity=run_identity(cfg), lease=lease, start_over=start_over,
-        )  # fmt: skip
+            remote,
+            run,
+            cfg.train.keep_checkpoints,
+            node_rank=node_rank,
+            node_local=node_local,
+            identity=run_identity(cfg),
+            lease=lease,
+            start_over=start_over,
+        )
         mirror.start()
     try:
         tracker = open_tracker(cfg, run.root) if node_rank == 0 else None  # one W&B run, from the run's node

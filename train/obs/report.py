@@ -326,9 +326,12 @@ def _well_tables(results: dict) -> list[str]:
         ]
         for field in one["vrmse_by_field"]:
             cells = [
-                one["vrmse_by_field"][field], base["vrmse_by_field"][field], one["nrmse_by_field"][field],
-                roll.get("vrmse_by_field", {}).get(field), roll.get("nrmse_by_field", {}).get(field),
-            ]  # fmt: skip
+                one["vrmse_by_field"][field],
+                base["vrmse_by_field"][field],
+                one["nrmse_by_field"][field],
+                roll.get("vrmse_by_field", {}).get(field),
+                roll.get("nrmse_by_field", {}).get(field),
+            ]
             lines.append(f"| {field} | " + " | ".join(_fmt(c) for c in cells) + " |")
         cells = [one["vrmse"], base["vrmse"], one["nrmse"], roll.get("vrmse"), roll.get("nrmse")]
         lines.append("| **mean** | " + " | ".join(_fmt(c) for c in cells) + " |")

@@ -101,10 +101,14 @@ def _wandb_setting(cfg: Config) -> str | None:
 
 TRACKERS: dict[str, TrackerKind] = {
     "W&B": TrackerKind(
-        _wandb_setting, "wandb", "pip install 'train[wandb]' (inside this project: pip install -e '.[wandb]')",
-        "obs.wandb.mode=disabled", "train.obs.wandb_tracker", run_files.WANDB_STATE,
-    ),
-}  # fmt: skip
+        _wandb_setting,
+        "wandb",
+        "pip install 'train[wandb]' (inside this project: pip install -e '.[wandb]')",
+        "obs.wandb.mode=disabled",
+        "train.obs.wandb_tracker",
+        run_files.WANDB_STATE,
+    )
+}
 
 
 def check_tracking(cfg: Config) -> None:
@@ -192,8 +196,13 @@ class Forwarding:
             self.tracker.finish(outcome, plots, max(self.step, 0), at)
             log.info("%s: run %s marked %s (exit code %d)", self.name, self.id, outcome.state, outcome.exit_code)
         except Exception as e:
-            log.warning("%s: could not close run %s (%s: %s); metrics.jsonl holds everything", self.name, self.id,
-                        type(e).__name__, e)  # fmt: skip
+            log.warning(
+                "%s: could not close run %s (%s: %s); metrics.jsonl holds everything",
+                self.name,
+                self.id,
+                type(e).__name__,
+                e,
+            )
 
 
 class Tracking:

@@ -36,9 +36,14 @@ def start(cfg: Config, run_root: Path, run_id: str) -> WandbTracker:
             f"{type(e).__name__}: {e}. Check WANDB_API_KEY (or `wandb login`) and the network, or set "
             "obs.wandb.mode=offline (sync later with `wandb sync`) or disabled"
         ) from None
-    log.info("W&B: run %s (%s, project %s%s)%s", run_id, settings.mode, settings.project,
-             f", group {settings.group}" if settings.group else "",
-             f" at {wb.url}" if settings.mode == "online" else "")  # fmt: skip
+    log.info(
+        "W&B: run %s (%s, project %s%s)%s",
+        run_id,
+        settings.mode,
+        settings.project,
+        f", group {settings.group}" if settings.group else "",
+        f" at {wb.url}" if settings.mode == "online" else "",
+    )
     return WandbTracker(wb)
 
 

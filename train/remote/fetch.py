@@ -12,8 +12,8 @@ from pathlib import Path
 from train.checkpoint import (
     BEST,
     BEST_SHARDED,
+    checkpoint_digest,
     checkpoint_for_evaluation,
-    checkpoint_sha256,
     latest_checkpoint,
     unreadable,
 )
@@ -98,4 +98,8 @@ def resolve_initial_weights(cfg: Config, b2_api=None) -> dict | None:
         path = resolve_checkpoint(source, "best", b2_api)
     except DataError as e:  # said as the setting that asked for it
         raise ConfigError(f"train.init_from={source}: {e}") from None
-    return {"source": str(source), "checkpoint": str(Path(path).resolve()), "sha256": checkpoint_sha256(Path(path))}
+    return {
+        "source": str(source),
+        "checkpoint": str(Path(path).resolve()),
+        "sha256": checkpoint_digest(Path(path), "sha256"),
+    }

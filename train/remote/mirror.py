@@ -116,16 +116,24 @@ class RunMirror:
             return True
         newest = None if self.node_local else latest_checkpoint(self.run.checkpoints)
         what = f"{newest.name}, " if newest else ""
-        log.info("remote: waiting up to %d s for %sthe metrics, report and logs to reach %s", timeout_s, what,
-                 self.remote.url)  # fmt: skip
+        log.info(
+            "remote: waiting up to %d s for %sthe metrics, report and logs to reach %s",
+            timeout_s,
+            what,
+            self.remote.url,
+        )
         started = time.monotonic()
         self._finishing.set()
         try:
             self._thread.join(timeout_s)
         except KeyboardInterrupt:  # Ctrl-C: stop waiting, but say what the remote lacks
             self._abandoned.set()
-            log.warning("remote: interrupted while waiting; %s lacks %s, still in %s (python -m train push sends it)",
-                        self.remote.url, self._missing(newest), self.run.root)  # fmt: skip
+            log.warning(
+                "remote: interrupted while waiting; %s lacks %s, still in %s (python -m train push sends it)",
+                self.remote.url,
+                self._missing(newest),
+                self.run.root,
+            )
             raise
         if self._thread.is_alive():
             self._abandoned.set()
@@ -157,8 +165,12 @@ class RunMirror:
                     there,
                 )
                 return False
-        log.info("remote: %s holds the run%s (%.0f s)", self.remote.url,
-                 f" up to {newest.name}, verified" if newest else "", time.monotonic() - started)  # fmt: skip
+        log.info(
+            "remote: %s holds the run%s (%.0f s)",
+            self.remote.url,
+            f" up to {newest.name}, verified" if newest else "",
+            time.monotonic() - started,
+        )
         if self._given_up:
             log.warning("remote: not mirrored: %s (see the warnings above)", ", ".join(sorted(self._given_up)))
         return not self._given_up
@@ -439,8 +451,14 @@ class RunMirror:
                     error = self._errors[name] = _redacted(self.remote, e)
                 if attempt + 1 < ATTEMPTS:
                     pause = BACKOFF_S * 2**attempt
-                    log.warning("remote: uploading %s failed (%s); trying again in %.0f s (%d/%d)", name, error,
-                                pause, attempt + 1, ATTEMPTS - 1)  # fmt: skip
+                    log.warning(
+                        "remote: uploading %s failed (%s); trying again in %.0f s (%d/%d)",
+                        name,
+                        error,
+                        pause,
+                        attempt + 1,
+                        ATTEMPTS - 1,
+                    )
                     self._abandoned.wait(pause)
             self._failed(name, signature, error or "", f"after {ATTEMPTS} attempts ")
             return None
@@ -492,8 +510,13 @@ class RunMirror:
         self._record_failure(name, error)
 
     def _record_failure(self, name: str, error: str | None) -> None:
-        record = {"event": "remote_upload_failed", "file": name, "remote": self.remote.url, "error": error,
-                  "time": time.time()}  # fmt: skip
+        record = {
+            "event": "remote_upload_failed",
+            "file": name,
+            "remote": self.remote.url,
+            "error": error,
+            "time": time.time(),
+        }
         line = (json.dumps(record) + "\n").encode()
         # One write on an O_APPEND descriptor: the line lands whole between rank 0's own lines.
         fd = os.open(self.run.root / run_files.METRICS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -70,8 +70,12 @@ def rebuilt_pointer(remote: Remote, why: str, version: str | None = None) -> dic
         _SAID.add(said)
         log.warning(
             "remote: %s/%s cannot be read (%s); rebuilt from the %d checkpoint(s) the remote lists (newest %s)",
-            remote.url, POINTER, why, len(kept), kept[0]["name"],
-        )  # fmt: skip
+            remote.url,
+            POINTER,
+            why,
+            len(kept),
+            kept[0]["name"],
+        )
     best_entry = None
     if best is not None and best.sha1:
         best_entry = {"name": BEST, "size": best.size, "sha1": best.sha1, "unverified": True}

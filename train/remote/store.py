@@ -180,8 +180,10 @@ def open_remote(url: str, run_name: str, b2_api=None, run_root: Path | None = No
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"run.remote={url}: cannot create {root} ({e.strerror or e}); point it at a writable "
-                          "folder or b2://bucket/prefix") from None  # fmt: skip
+        raise ConfigError(
+            f"run.remote={url}: cannot create {root} ({e.strerror or e}); point it at a writable "
+            "folder or b2://bucket/prefix"
+        ) from None
     if not os.access(root, os.W_OK):
         raise ConfigError(f"run.remote={url}: {root} is not writable; point it at a writable folder")
     return FolderRemote(root)

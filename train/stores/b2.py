@@ -42,8 +42,10 @@ class B2Store:
                 return self._bucket
             missing = missing_b2_credentials()
             if missing:
-                raise PreflightError(f"{self.url}: B2 credentials missing: set {' and '.join(missing)} "
-                                     f"(an application key that can {self.KEY_NEEDS})")  # fmt: skip
+                raise PreflightError(
+                    f"{self.url}: B2 credentials missing: set {' and '.join(missing)} "
+                    f"(an application key that can {self.KEY_NEEDS})"
+                )
             key_id, key = (os.environ[name] for name in B2_CREDENTIALS)
             self._secrets = (key, key_id)
             api = self._api or B2Api(InMemoryAccountInfo())  # in memory: the key must never reach a file

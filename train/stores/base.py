@@ -54,8 +54,10 @@ class Transient(Retryable):
 
 def check_name(name: str) -> str:
     if not name or name.startswith("/") or "\\" in name or "\0" in name or {"", ".", ".."} & set(name.split("/")):
-        raise DataError(f"refusing remote file name {name!r}: it must be a relative '/'-separated path "
-                        "without '..', '.', empty parts or backslashes")  # fmt: skip
+        raise DataError(
+            f"refusing remote file name {name!r}: it must be a relative '/'-separated path "
+            "without '..', '.', empty parts or backslashes"
+        )
     return name
 
 

@@ -76,9 +76,17 @@ def run_sweep(study: SweepStudy, base: Config, *, array_task: bool = False) -> P
     spec = study.spec
     slots = [Slot()] if array_task else divide_machine(spec.parallel, base)
     done = sum(t.state.is_finished() for t in study.trials())
-    log.info("sweep %s: %d trials (%d finished before), %s sampler, %d at once, metric %s, pruner %s -> %s",
-             study.name, study.budget, done, spec.sampler, len(slots), spec.metric, spec.pruner,
-             study.root)  # fmt: skip
+    log.info(
+        "sweep %s: %d trials (%d finished before), %s sampler, %d at once, metric %s, pruner %s -> %s",
+        study.name,
+        study.budget,
+        done,
+        spec.sampler,
+        len(slots),
+        spec.metric,
+        spec.pruner,
+        study.root,
+    )
     if not study.is_done():
         run_stages(base, "cache")  # once, before the trials: they find their data and caches ready
     worker = Worker(study, base.model_dump(mode="json"), slots)
@@ -91,8 +99,15 @@ def run_sweep(study: SweepStudy, base: Config, *, array_task: bool = False) -> P
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if complete:
         best = min(complete, key=lambda t: t.value)
-        log.info("sweep %s: best %s=%.4g (trial %d); leaderboard %s, config %s", study.name, spec.metric, best.value,
-                 best.number, summary, study.root / "best.yaml")  # fmt: skip
+        log.info(
+            "sweep %s: best %s=%.4g (trial %d); leaderboard %s, config %s",
+            study.name,
+            spec.metric,
+            best.value,
+            best.number,
+            summary,
+            study.root / "best.yaml",
+        )
     if not study.is_done():
         log.info("sweep %s: trials still run elsewhere or were stopped; re-run the command to continue", study.name)
     return summary
@@ -119,7 +134,13 @@ def write_array(
     text = render_sbatch(base, config, overrides, str(path), array)
     write_text_atomic(path, text)
     os.chmod(path, 0o755)
-    log.info("wrote %s: %d array tasks, %d at once; submit it from the project directory with: sbatch %s; the "
-             "leaderboard will be %s", path, study.budget, study.spec.parallel, shlex.quote(str(path)),
-             study.root / SUMMARY)  # fmt: skip
+    log.info(
+        "wrote %s: %d array tasks, %d at once; submit it from the project directory with: sbatch %s; the "
+        "leaderboard will be %s",
+        path,
+        study.budget,
+        study.spec.parallel,
+        shlex.quote(str(path)),
+        study.root / SUMMARY,
+    )
     return path

@@ -61,17 +61,19 @@ def leaderboard(study: SweepStudy) -> list[dict]:
     rows = []
     for t in study.trials():
         score = _score(t)
-        rows.append({
-            "trial": trial_name(t.number),
-            "number": t.number,
-            "params": dict(t.params),
-            "metric": score,
-            "steps": t.user_attrs.get("steps"),
-            "state": _state(t, study),
-            "seconds": t.user_attrs.get("seconds"),
-            "error": t.user_attrs.get("error"),
-            "order": (_ORDER.get(t.state, 4), score if score is not None and math.isfinite(score) else math.inf),
-        })  # fmt: skip
+        rows.append(
+            {
+                "trial": trial_name(t.number),
+                "number": t.number,
+                "params": dict(t.params),
+                "metric": score,
+                "steps": t.user_attrs.get("steps"),
+                "state": _state(t, study),
+                "seconds": t.user_attrs.get("seconds"),
+                "error": t.user_attrs.get("error"),
+                "order": (_ORDER.get(t.state, 4), score if score is not None and math.isfinite(score) else math.inf),
+            }
+        )
     return sorted(rows, key=lambda r: (r["order"], r["number"]))
 
 
@@ -112,8 +114,11 @@ def write_results(study: SweepStudy, base_runs_dir: str, plots: bool = True) -> 
     if failed:
         lines += ["", "Failures:", *(f"- {r['trial']}: {r['error']}" for r in failed)]
     if plots:
-        lines += ["", f"![{spec.metric} by parameter]({PLOTS}/by_parameter.png)",
-                  f"![{spec.metric} over trials]({PLOTS}/over_trials.png)"]  # fmt: skip
+        lines += [
+            "",
+            f"![{spec.metric} by parameter]({PLOTS}/by_parameter.png)",
+            f"![{spec.metric} over trials]({PLOTS}/over_trials.png)",
+        ]
     summary = study.root / SUMMARY
     write_text_atomic(summary, "\n".join(lines) + "\n")
     if best is not None:
@@ -154,8 +159,12 @@ def _plot(folder: Path, rows: list[dict], spec: SweepSpec) -> None:
             xs = [r["params"][key] for r in part]
             if isinstance(dim, list):  # choices: one column each, in the listed order
                 xs = [dim.index(x) for x in xs]
-            ax.scatter(xs, [r["metric"] for r in part], marker="x" if pruned else "o",
-                       label="pruned (score when pruned)" if pruned else "finished")  # fmt: skip
+            ax.scatter(
+                xs,
+                [r["metric"] for r in part],
+                marker="x" if pruned else "o",
+                label="pruned (score when pruned)" if pruned else "finished",
+            )
         if isinstance(dim, list):
             ax.set_xticks(range(len(dim)), [_fmt(c) for c in dim])
         elif isinstance(dim, Range) and dim.log:

@@ -111,8 +111,15 @@ class Worker:
         trial = TrialRun(claim, cfg, slot, self.metric, set(frozen.intermediate_values))
         trial.start()
         how = "resumes from its checkpoint" if claim.resumed else "started"
-        log.info("sweep %s: %s %s (%s): %s -> %s", self.study.name, trial_name(claim.number), how,
-                 self.study.position(claim.number), _params_text(claim.params), trial.root)  # fmt: skip
+        log.info(
+            "sweep %s: %s %s (%s): %s -> %s",
+            self.study.name,
+            trial_name(claim.number),
+            how,
+            self.study.position(claim.number),
+            _params_text(claim.params),
+            trial.root,
+        )
         return trial
 
     def _check_pruning(self, trial: TrialRun) -> None:
@@ -125,8 +132,14 @@ class Worker:
         if live.should_prune():
             step, value = fresh[-1]
             self.study.set_attrs(trial.claim, pruned_at_step=step, pruned_score=value)
-            log.info("sweep %s: %s pruned at step %d: %s %.4g is worse than the other trials at that step",
-                     self.study.name, trial_name(trial.claim.number), step, self.metric, value)  # fmt: skip
+            log.info(
+                "sweep %s: %s pruned at step %d: %s %.4g is worse than the other trials at that step",
+                self.study.name,
+                trial_name(trial.claim.number),
+                step,
+                self.metric,
+                value,
+            )
             trial.stop(PRUNED)
 
     def _conclude(self, trial: TrialRun, code: int) -> None:
@@ -148,8 +161,12 @@ class Worker:
             if code == 75:
                 if trial.stop_sent is None:  # stopped from outside: the sweep stops with it, to resume later
                     self.stopped_outside = name
-                log.info("sweep %s: %s stopped at step %d (checkpoint saved): a later sweep resumes it",
-                         self.study.name, name, trial.last_step)  # fmt: skip
+                log.info(
+                    "sweep %s: %s stopped at step %d (checkpoint saved): a later sweep resumes it",
+                    self.study.name,
+                    name,
+                    trial.last_step,
+                )
                 return
             if machine_failure(code):  # left running, to resume: its parameters are not to blame
                 error = trial.error_line()
@@ -165,14 +182,22 @@ class Worker:
             best = trial.best()
             if code == 0 and best is not None:
                 self.study.finish(claim, TrialState.COMPLETE, best)
-                log.info("sweep %s: %s finished in %.0f s: %s %.4g%s", self.study.name, name, seconds, self.metric,
-                         best, self._best_so_far())  # fmt: skip
+                log.info(
+                    "sweep %s: %s finished in %.0f s: %s %.4g%s",
+                    self.study.name,
+                    name,
+                    seconds,
+                    self.metric,
+                    best,
+                    self._best_so_far(),
+                )
                 return
             error = trial.error_line() if code else f"the run reported no {self.metric} in its metrics.jsonl"
             self.study.set_attrs(claim, exit_code=code, error=error)
             self.study.finish(claim, TrialState.FAIL)
-            log.warning("sweep %s: %s failed (exit %d): %s; its log: %s", self.study.name, name, code, error,
-                        trial.log_path)  # fmt: skip
+            log.warning(
+                "sweep %s: %s failed (exit %d): %s; its log: %s", self.study.name, name, code, error, trial.log_path
+            )
         finally:
             claim.release()
 

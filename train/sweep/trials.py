@@ -138,9 +138,14 @@ class TrialRun:
             out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                preexec_fn=lambda: _in_child(self.slot.cpus), start_new_session=True,
-            )  # fmt: skip
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=lambda: _in_child(self.slot.cpus),
+                start_new_session=True,
+            )
         self.started = time.monotonic()
 
     def poll(self) -> int | None:

@@ -107,8 +107,10 @@ def _check(card: TaskCard, reference: nn.Module, run, fmt: str) -> float:
         want = reference(x)
     got = torch.as_tensor(run(x))
     if got.shape != want.shape:
-        raise ExportError(f"task {card.name}: the {fmt} graph returns shape {tuple(got.shape)}, the model "
-                          f"{tuple(want.shape)}: its batch axis is not free")  # fmt: skip
+        raise ExportError(
+            f"task {card.name}: the {fmt} graph returns shape {tuple(got.shape)}, the model "
+            f"{tuple(want.shape)}: its batch axis is not free"
+        )
     error = float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
     if not error <= TOLERANCE:
         raise ExportError(
@@ -137,9 +139,15 @@ def _onnx(step: OneStep, reference: OneStep, card: TaskCard, path: Path) -> floa
     with _plain_attention(), contextlib.redirect_stdout(None):
         try:
             program = torch.onnx.export(
-                step, (_example(card, 2, seed=0),), dynamo=True, input_names=["inputs"],
-                output_names=["prediction"], dynamic_shapes=({0: batch},), opset_version=18, verbose=False,
-            )  # fmt: skip
+                step,
+                (_example(card, 2, seed=0),),
+                dynamo=True,
+                input_names=["inputs"],
+                output_names=["prediction"],
+                dynamic_shapes=({0: batch},),
+                opset_version=18,
+                verbose=False,
+            )
         except Exception as e:
             raise ExportError(f"task {card.name}: ONNX export failed ({type(e).__name__}: {str(e)[:600]})") from None
     error = _check(card, reference, program.exported_program.module(), "onnx")

@@ -44,9 +44,13 @@ def _open(card: TaskCard, path: Path):
     if fmt.predicts is not None:
         raise ConfigError(f"task {card.name} is {card.pde} data: {fmt.predicts}")
     settings = card.settings
-    task = TaskConfig(pde=card.pde, source=str(path), initial_step=card.spec.initial_step,
-                      spatial_stride=settings.get("spatial_stride", 1),
-                      temporal_stride=settings.get("temporal_stride", 1))  # fmt: skip
+    task = TaskConfig(
+        pde=card.pde,
+        source=str(path),
+        initial_step=card.spec.initial_step,
+        spatial_stride=settings.get("spatial_stride", 1),
+        temporal_stride=settings.get("temporal_stride", 1),
+    )
     return fmt.open([Path(path)], task)
 
 

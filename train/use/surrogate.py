@@ -309,6 +309,9 @@ def _check_source(name: str, recorded: dict | None, path: Path, refuse: bool = F
     if now is not None and now["sha256"] != recorded.get("sha256"):
         log.warning(
             "%s was trained with %s as it was then (SHA-256 %s); that file has changed since (%s): the weights are "
-            "loaded into the model as the file defines it now", path, recorded.get("file"),
-            str(recorded.get("sha256"))[:12], now["sha256"][:12],
-        )  # fmt: skip
+            "loaded into the model as the file defines it now",
+            path,
+            recorded.get("file"),
+            str(recorded.get("sha256"))[:12],
+            now["sha256"][:12],
+        )

@@ -33,15 +33,7 @@ from train.data.node_lock import node_lock
 from train.disk import human
 from train.errors import DataError
 from train.hashing import file_digest
-from train.stores.base import (
-    UNREACHABLE,
-    Progress,
-    RemoteFile,
-    Retryable,
-    Store,
-    Transient,
-    check_name,
-)
+from train.stores.base import UNREACHABLE, Progress, RemoteFile, Retryable, Store, Transient, check_name
 from train.stores.local import LocalStore
 
 log = logging.getLogger(__name__)
@@ -196,8 +188,13 @@ def fetch_all(
             remotes = list(pool.map(lambda job: _stat(job[0], job[1]), jobs))
             pairs = list(zip(jobs, remotes, strict=True))
             todo = sum(r.size for (s, _, d), r in pairs if _current(s, r, d) is None)
-            bar = tqdm(total=todo, unit="B", unit_scale=True, desc="download",
-                       disable=not (show_progress and sys.stderr.isatty()))  # fmt: skip
+            bar = tqdm(
+                total=todo,
+                unit="B",
+                unit_scale=True,
+                desc="download",
+                disable=not (show_progress and sys.stderr.isatty()),
+            )
 
             def tick(n: int) -> None:
                 if cancel.is_set():

@@ -145,9 +145,13 @@ def evolve(w0: np.ndarray, times: np.ndarray, gamma: float, boundary: str = "per
 
 
 def sod_exact(
-    x: np.ndarray, t: float, left: tuple[float, float, float], right: tuple[float, float, float], gamma: float,
+    x: np.ndarray,
+    t: float,
+    left: tuple[float, float, float],
+    right: tuple[float, float, float],
+    gamma: float,
     x0: float = 0.5,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """(rho, u, p) at points ``x`` and time ``t`` of the 1D Riemann problem with (rho, u, p) ``left`` of ``x0``
     and ``right`` of it: Toro's exact solver (the star pressure by Newton's iteration, then the waves sampled)."""
     rl, ul, pl = left

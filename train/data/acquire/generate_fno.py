@@ -171,8 +171,12 @@ def ns_solve(w0: np.ndarray, n_frames: int, nu: float = NS_NU) -> np.ndarray:
 def _check(pde: str, n_samples: int, resolution: int, seed: int, n_frames: int) -> None:
     if pde not in FAMILIES:
         raise ValueError(f"pde must be one of {FAMILIES}, got {pde!r}")
-    for name, value, low in (("n_samples", n_samples, 1), ("resolution", resolution, 8), ("seed", seed, 0),
-                             ("n_frames", n_frames, 1)):  # fmt: skip
+    for name, value, low in (
+        ("n_samples", n_samples, 1),
+        ("resolution", resolution, 8),
+        ("seed", seed, 0),
+        ("n_frames", n_frames, 1),
+    ):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 

@@ -83,8 +83,15 @@ def generate_gray_scott(
     """Write the dataset under ``folder`` (``data/{train,valid,test}/*.hdf5``, no stats.yaml: the cache computes
     the statistics) and return it; a no-op when a dataset of the same settings is there."""
     folder = Path(folder)
-    request = {"dataset": DATASET, "version": VERSION, "resolution": resolution, "frames": frames,
-               "every": every, "burn_in": burn_in, "seed": seed}  # fmt: skip
+    request = {
+        "dataset": DATASET,
+        "version": VERSION,
+        "resolution": resolution,
+        "frames": frames,
+        "every": every,
+        "burn_in": burn_in,
+        "seed": seed,
+    }
     params = folder / PARAMS_FILE
     if params.is_file() and json.loads(params.read_text()) == request:
         return folder
@@ -95,8 +102,11 @@ def generate_gray_scott(
         seeds = [np.random.SeedSequence(seed, spawn_key=(family, i)) for i in range(count)]
         a, b = simulate(f, k, seeds, resolution, frames, every, burn_in)
         n_valid = n_test = max(1, round(count * SPLIT_SHARES["test"]))
-        bounds = {"train": (0, count - n_valid - n_test), "valid": (count - n_valid - n_test, count - n_test),
-                  "test": (count - n_test, count)}  # fmt: skip
+        bounds = {
+            "train": (0, count - n_valid - n_test),
+            "valid": (count - n_valid - n_test, count - n_test),
+            "test": (count - n_test, count),
+        }
         for split, (lo, hi) in bounds.items():
             write_well_file(
                 folder / "data" / split / f"{DATASET}_{name}_F_{f}_k_{k}.hdf5",

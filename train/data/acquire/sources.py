@@ -138,22 +138,42 @@ def _b2_origin(dest: Path, entry: dict) -> dict:
     url = entry["source"]
     bucket, _, key = url.removeprefix("b2://").partition("/")
     return {
-        "origin": "b2", "file": str(dest.absolute()), "url": url, "bucket": bucket, "key": key,
-        "size": entry.get("size"), "sha1": entry.get("sha1"), "sha1_verified": entry.get("verified"),
-        "uploaded": iso_utc(entry.get("uploaded")), "file_id": entry.get("version"), "sha256": entry.get("sha256"),
-    }  # fmt: skip
+        "origin": "b2",
+        "file": str(dest.absolute()),
+        "url": url,
+        "bucket": bucket,
+        "key": key,
+        "size": entry.get("size"),
+        "sha1": entry.get("sha1"),
+        "sha1_verified": entry.get("verified"),
+        "uploaded": iso_utc(entry.get("uploaded")),
+        "file_id": entry.get("version"),
+        "sha256": entry.get("sha256"),
+    }
 
 
 def _fetched_origin(store: Store, result: download.FetchResult) -> dict:
     remote = result.remote
     if store.url.startswith(("https://", "http://")):
-        return {"origin": "https", "file": str(result.dest.absolute()), "url": f"{store.url}/{remote.name}",
-                "size": remote.size, "sha256": result.sha256, "sha1": result.sha1,
-                "version": remote.version}  # fmt: skip
+        return {
+            "origin": "https",
+            "file": str(result.dest.absolute()),
+            "url": f"{store.url}/{remote.name}",
+            "size": remote.size,
+            "sha256": result.sha256,
+            "sha1": result.sha1,
+            "version": remote.version,
+        }
     # B2's SHA1 was checked against the bytes (now, or at the download the manifest vouches for) unless it had none
-    entry = {"source": f"{store.url.rstrip('/')}/{remote.name}", "size": remote.size, "sha1": result.sha1,
-             "verified": remote.sha1 is not None, "version": remote.version, "uploaded": remote.uploaded,
-             "sha256": result.sha256}  # fmt: skip
+    entry = {
+        "source": f"{store.url.rstrip('/')}/{remote.name}",
+        "size": remote.size,
+        "sha1": result.sha1,
+        "verified": remote.sha1 is not None,
+        "version": remote.version,
+        "uploaded": remote.uploaded,
+        "sha256": result.sha256,
+    }
     return _b2_origin(result.dest, entry)
 
 
@@ -264,13 +284,18 @@ def _search(name: str, task: TaskConfig, location: str, data_dir: Path, b2_api) 
             tried = [f"{store.url.rstrip('/')}/{w}" for w in wanted or []]
             if split == "train":
                 where = "\n    ".join(tried)
-                raise DataError(f"tasks.{name}: no train file found; tried:\n    {where}\n  (fix tasks.{name}.source, "
-                                f"tasks.{name}.templates or tasks.{name}.files; the layout: {fmt.docs})")  # fmt: skip
+                raise DataError(
+                    f"tasks.{name}: no train file found; tried:\n    {where}\n  (fix tasks.{name}.source, "
+                    f"tasks.{name}.templates or tasks.{name}.files; the layout: {fmt.docs})"
+                )
             if wanted is None:  # the format's convention: no file of this split, always carved
                 log.info("data %s: the %s split is carved from the train file by %s", name, split, fmt.carving)
             else:
-                _warn(warnings, f"data {name}: no {split} file (tried {', '.join(tried)}); carving it from the train "
-                                f"file by {fmt.carving}")  # fmt: skip
+                _warn(
+                    warnings,
+                    f"data {name}: no {split} file (tried {', '.join(tried)}); carving it from the train "
+                    f"file by {fmt.carving}",
+                )
             continue
         if len(names) > 1 and not fmt.many_files:
             raise DataError(f"tasks.{name}: a {task.pde} {split} split is one file, found {names} in {store.url}")
@@ -289,8 +314,13 @@ def _search(name: str, task: TaskConfig, location: str, data_dir: Path, b2_api) 
         stats = data_dir / name / fmt.stats_file if remote else store.path(fmt.stats_file)
         if remote:
             jobs.append((store, fmt.stats_file, stats))
-    log.info("data %s: %s at %s (%s)", name, task.pde, location,
-             ", ".join(f"{s}: {len(SplitFiles(**found).paths(s))} file(s)" for s in SPLITS))  # fmt: skip
+    log.info(
+        "data %s: %s at %s (%s)",
+        name,
+        task.pde,
+        location,
+        ", ".join(f"{s}: {len(SplitFiles(**found).paths(s))} file(s)" for s in SPLITS),
+    )
     files = SplitFiles(train=found["train"], val=found["val"], test=found["test"], stats_file=stats)
     return _Found(files, origins, warnings, jobs)
 
@@ -319,8 +349,12 @@ def _with_provenance(found: _Found, task: TaskConfig, fetched: dict[Path, tuple]
             warnings += [w for p in paths for w in fetched[p][1].warnings]
             if isinstance(found.files.get(split), tuple):  # a folder of files (The Well)
                 url = entries[0]["url"].rpartition("/")[0]
-                origins[split] = {"origin": entries[0]["origin"], "file": str(paths[0].parent), "url": url,
-                                  "files": entries}  # fmt: skip
+                origins[split] = {
+                    "origin": entries[0]["origin"],
+                    "file": str(paths[0].parent),
+                    "url": url,
+                    "files": entries,
+                }
             else:
                 origins[split] = entries[0]
     for split in SPLITS:

@@ -255,8 +255,12 @@ def _say_why_rebuilt(name: str, final: Path) -> None:
         if old != CACHE_FORMAT:
             log.info(
                 "cache %s: the cache format changed (%s -> %s), so the cache is rebuilt; the old one at %s can be "
-                "removed", name, old, CACHE_FORMAT, other.parent,
-            )  # fmt: skip
+                "removed",
+                name,
+                old,
+                CACHE_FORMAT,
+                other.parent,
+            )
             return
 
 
@@ -507,11 +511,7 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
             "statistics": "stats.yaml" if published else "train split",
             "in_place": in_place_record,
             "splits": {
-                split: {
-                    "file": str(reader.path),
-                    "samples": [samples.start, samples.stop],
-                    "carved": carved,
-                }
+                split: {"file": str(reader.path), "samples": [samples.start, samples.stop], "carved": carved}
                 for split, (reader, samples, carved) in plan.items()
             },
             "source": {s: _source_record(files.paths(s), checksums[s]) for s in SPLITS if s in checksums},

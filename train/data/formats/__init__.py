@@ -109,8 +109,9 @@ class Format:
 
 def _pdebench_ranges(test_first: bool):
     def ranges(task: TaskConfig, n: int, carve_val: bool, carve_test: bool) -> dict[str, range]:
-        return split_ranges(n, task.test_fraction if carve_test else 0.0, task.val_fraction if carve_val else 0.0,
-                            test_first)  # fmt: skip
+        return split_ranges(
+            n, task.test_fraction if carve_test else 0.0, task.val_fraction if carve_val else 0.0, test_first
+        )
 
     return ranges
 
@@ -130,8 +131,10 @@ def counted_ranges(task: TaskConfig, n: int, carve_val: bool, carve_test: bool) 
     else:
         n_train -= n_val
     if n_train < 1:
-        raise DataError(f"{n} samples are too few for test={n_test}, val={n_val} and a training set; lower "
-                        f"tasks.<name>.files.n_test or val_fraction")  # fmt: skip
+        raise DataError(
+            f"{n} samples are too few for test={n_test}, val={n_val} and a training set; lower "
+            f"tasks.<name>.files.n_test or val_fraction"
+        )
     return {"train": range(0, n_train), "val": range(n_train, n_train + n_val), "test": range(n - n_test, n)}
 
 
@@ -151,51 +154,79 @@ def _named(split_file: Callable[[TaskConfig, str], str | None]) -> Callable[[str
     return lambda name, task, split: [file] if (file := split_file(task, split)) else None
 
 
-_OPERATOR = dict(ranges=counted_ranges, own_range=_first_n,
-                 carving="the neural-operator convention: train the first files.n_train samples, test the last "
-                         "files.n_test, val the unused ones between them (else train's last)")  # fmt: skip
+_OPERATOR = dict(
+    ranges=counted_ranges,
+    own_range=_first_n,
+    carving="the neural-operator convention: train the first files.n_train samples, test the last "
+    "files.n_test, val the unused ones between them (else train's last)",
+)
 
 FORMATS: dict[str, Format] = {
     "single": Format(
-        open=pdebench.open_single, locate=pdebench.locate, looks_for=pdebench.looks_for,
+        open=pdebench.open_single,
+        locate=pdebench.locate,
+        looks_for=pdebench.looks_for,
         carving="PDEBench's single-file convention: test, val, train in sample order",
-        ranges=_pdebench_ranges(True), whole_file=True, keeps_names=False, in_place=pdebench.plain_fields,
+        ranges=_pdebench_ranges(True),
+        whole_file=True,
+        keeps_names=False,
+        in_place=pdebench.plain_fields,
         docs="docs/data-formats.md",
     ),
     "groups": Format(
-        open=pdebench.open_groups, locate=pdebench.locate, looks_for=pdebench.looks_for,
+        open=pdebench.open_groups,
+        locate=pdebench.locate,
+        looks_for=pdebench.looks_for,
         carving="PDEBench's group-per-seed convention: train, val, test in sorted group order",
-        ranges=_pdebench_ranges(False), whole_file=True, keeps_names=False, docs="docs/data-formats.md",
+        ranges=_pdebench_ranges(False),
+        whole_file=True,
+        keeps_names=False,
+        docs="docs/data-formats.md",
         assumed_channels=lambda layout: (layout.channels or 1, layout.channels or 1),
     ),
     "well": Format(
-        open=lambda paths, task: well.WellReader(paths, task.spatial_stride), locate=well.locate,
-        looks_for=well.looks_for, carving="the train files' last trajectories", ranges=_pdebench_ranges(False),
-        many_files=True, stats_file="stats.yaml", check_splits=well.check_splits_agree, metrics=("pdebench", "well"),
+        open=lambda paths, task: well.WellReader(paths, task.spatial_stride),
+        locate=well.locate,
+        looks_for=well.looks_for,
+        carving="the train files' last trajectories",
+        ranges=_pdebench_ranges(False),
+        many_files=True,
+        stats_file="stats.yaml",
+        check_splits=well.check_splits_agree,
+        metrics=("pdebench", "well"),
         docs="docs/well.md",
         assumed_channels=lambda layout: (4, 4),  # in the files: a guess for the estimates
         predicts="a Well split is a folder of files, predict writes one file; use the Python API (Surrogate.rollout)",
     ),
     "fno_mat": Format(
-        open=fno_mat.open_fno_mat, locate=_any_name(fno_mat.locate_fno_mat),
+        open=fno_mat.open_fno_mat,
+        locate=_any_name(fno_mat.locate_fno_mat),
         looks_for=_named(lambda task, split: {"train": task.files.train_file, "test": task.files.test_file}.get(split)),
-        write_back=fno_mat.write_predictions, docs="docs/fno-mat.md", **_OPERATOR,
+        write_back=fno_mat.write_predictions,
+        docs="docs/fno-mat.md",
+        **_OPERATOR,
     ),
     "neuralop_pt": Format(
         open=neuralop_pt.open_neuralop_pt,
         locate=_any_name(neuralop_pt.locate_neuralop_pt),
         looks_for=_named(lambda task, split: neuralop_pt.split_filename(task, split) if split != "val" else None),
         archive=lambda task: f"{neuralop_pt.NAMES[task.pde]}_{task.files.resolution}.tgz",
-        unpack=neuralop_pt.unpack_archive, in_place=neuralop_pt.plain_tensors, write_back=neuralop_pt.write_predictions,
+        unpack=neuralop_pt.unpack_archive,
+        in_place=neuralop_pt.plain_tensors,
+        write_back=neuralop_pt.write_predictions,
         docs="docs/neuralop-pt.md",
         **_OPERATOR,
     ),
     "pdearena": Format(
-        open=pdearena.open_pdearena, locate=_any_name(pdearena.locate_pdearena),
-        looks_for=_named(lambda task, split: f"*{pdearena.SPLIT_WORDS[split]}*.h5"), many_files=True,
-        write_back=pdearena.write_predictions, docs="docs/pdearena.md", **_OPERATOR,
+        open=pdearena.open_pdearena,
+        locate=_any_name(pdearena.locate_pdearena),
+        looks_for=_named(lambda task, split: f"*{pdearena.SPLIT_WORDS[split]}*.h5"),
+        many_files=True,
+        write_back=pdearena.write_predictions,
+        docs="docs/pdearena.md",
+        **_OPERATOR,
     ),
-}  # fmt: skip
+}
 """Storage style (``pdes.Layout.style``) -> its Format."""
 
 

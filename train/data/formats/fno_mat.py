@@ -28,11 +28,28 @@ READ_BLOCK_BYTES = 64 << 20
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 V73_HEADER = b"MATLAB 7.3 MAT-file"
 USERBLOCK = 512
-NUMERIC_CLASSES = {"double", "single", "logical", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
-                   "uint64"}  # fmt: skip
-MATLAB_CLASS = {np.dtype(np.float32): "single", np.dtype(np.float64): "double", np.dtype(np.bool_): "logical",
-                **{np.dtype(t): np.dtype(t).name for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32,
-                                                           np.uint32, np.int64, np.uint64)}}  # fmt: skip
+NUMERIC_CLASSES = {
+    "double",
+    "single",
+    "logical",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+}
+MATLAB_CLASS = {
+    np.dtype(np.float32): "single",
+    np.dtype(np.float64): "double",
+    np.dtype(np.bool_): "logical",
+    **{
+        np.dtype(t): np.dtype(t).name
+        for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64)
+    },
+}
 FIX = "re-download it or write it again (docs/fno-mat.md)"
 
 
@@ -48,8 +65,10 @@ def mat_version(path: Path, needs: str = "") -> str:
         return "7.3"
     if len(head) == 128 and head[126:128] in (b"IM", b"MI"):
         return "5"
-    raise DataError(f"{path}: not a MATLAB file (no v5 header, no v7.3/HDF5 signature; {len(head)} bytes read "
-                    f"of the header); {needs}{FIX}")  # fmt: skip
+    raise DataError(
+        f"{path}: not a MATLAB file (no v5 header, no v7.3/HDF5 signature; {len(head)} bytes read "
+        f"of the header); {needs}{FIX}"
+    )
 
 
 def _v5_end_check(path: Path, head: bytes, keys: list[str]) -> None:
@@ -66,8 +85,10 @@ def _v5_end_check(path: Path, head: bytes, keys: list[str]) -> None:
                 break
             pos += 8 + struct.unpack(f"{order}II", tag)[1]
     if pos != size:
-        raise DataError(f"{path}: truncated MATLAB v5 file ({size} bytes, its last variable needs {pos}); the "
-                        f"keys {keys} may be cut off; {FIX}")  # fmt: skip
+        raise DataError(
+            f"{path}: truncated MATLAB v5 file ({size} bytes, its last variable needs {pos}); the "
+            f"keys {keys} may be cut off; {FIX}"
+        )
 
 
 class FnoMatReader:
@@ -103,8 +124,9 @@ class FnoMatReader:
             try:
                 found = {name: (shape, cls) for name, shape, cls in scipy.io.whosmat(self.path)}
             except Exception as e:  # scipy raises IndexError, OSError, ValueError, zlib.error... on damaged files
-                raise DataError(f"{self.path}: damaged MATLAB v5 file ({type(e).__name__}: {e}); {self._what()}; "
-                                f"{FIX}") from None  # fmt: skip
+                raise DataError(
+                    f"{self.path}: damaged MATLAB v5 file ({type(e).__name__}: {e}); {self._what()}; {FIX}"
+                ) from None
             present = sorted(found)
         else:
             found = {}
@@ -112,8 +134,10 @@ class FnoMatReader:
                 if key in self.file:
                     ds = self.file[key]
                     if not isinstance(ds, h5py.Dataset):
-                        raise DataError(f"{self.path}: a v7.3 file without the expected layout: '{key}' is a "
-                                        f"{type(ds).__name__}, not an array; {self._what()}; {FIX}")  # fmt: skip
+                        raise DataError(
+                            f"{self.path}: a v7.3 file without the expected layout: '{key}' is a "
+                            f"{type(ds).__name__}, not an array; {self._what()}; {FIX}"
+                        )
                     # MATLAB tags each array with its class; a plain HDF5 array is taken by its dtype alone
                     cls = ds.attrs.get("MATLAB_class", b"double")
                     cls = cls.decode() if isinstance(cls, bytes) else str(cls)
@@ -122,8 +146,10 @@ class FnoMatReader:
         shapes = {}
         for key in self.keys:
             if key not in found:
-                raise DataError(f"{self.path}: key '{key}' not found (keys: {present}); {self._what()}; check "
-                                "the task's pde and files settings, or write the file again")  # fmt: skip
+                raise DataError(
+                    f"{self.path}: key '{key}' not found (keys: {present}); {self._what()}; check "
+                    "the task's pde and files settings, or write the file again"
+                )
             shape, cls = found[key]
             if cls not in NUMERIC_CLASSES:
                 raise DataError(f"{self.path}: '{key}' is a MATLAB {cls}, not a numeric array; {self._what()}; {FIX}")
@@ -137,17 +163,24 @@ class FnoMatReader:
         axes = f"(N, {', '.join('s' * d)}{', T' if self.layout.autoregressive else ''})"
         for key, shape in shapes.items():
             if len(shape) != want:
-                what = "a v7.3 file without the expected layout" if self.version == "7.3" else (
-                    f"a grid not matching {self.pde}'s {d} spatial axes")  # fmt: skip
+                what = (
+                    "a v7.3 file without the expected layout"
+                    if self.version == "7.3"
+                    else (f"a grid not matching {self.pde}'s {d} spatial axes")
+                )
                 raise DataError(f"{self.path}: {what}: '{key}' has shape {shape}, {self.pde} needs {axes}; {FIX}")
         first, *rest = self.keys
         for key in rest:
             if shapes[key][0] != shapes[first][0]:
-                raise DataError(f"{self.path}: '{first}' holds {shapes[first][0]} samples but '{key}' "
-                                f"{shapes[key][0]}; input and target must pair sample for sample; {FIX}")  # fmt: skip
+                raise DataError(
+                    f"{self.path}: '{first}' holds {shapes[first][0]} samples but '{key}' "
+                    f"{shapes[key][0]}; input and target must pair sample for sample; {FIX}"
+                )
             if shapes[key][1:] != shapes[first][1:]:
-                raise DataError(f"{self.path}: '{first}' has grid {shapes[first][1:]} but '{key}' "
-                                f"{shapes[key][1:]}; input and target must share one grid; {FIX}")  # fmt: skip
+                raise DataError(
+                    f"{self.path}: '{first}' has grid {shapes[first][1:]} but '{key}' "
+                    f"{shapes[key][1:]}; input and target must share one grid; {FIX}"
+                )
         self.n_samples, *space = shapes[first]
         self.raw_frames = 1
         if self.layout.autoregressive:
@@ -156,8 +189,10 @@ class FnoMatReader:
         if self.n_samples == 0 or 0 in shapes[first]:
             raise DataError(f"{self.path}: '{first}' has shape {shapes[first]}: no data; {FIX}")
         if any(n < self.spatial_stride for n in self.raw_grid):
-            raise DataError(f"{self.path}: spatial_stride {self.spatial_stride} exceeds the grid {self.raw_grid} "
-                            f"of '{first}'; lower the task's spatial_stride")  # fmt: skip
+            raise DataError(
+                f"{self.path}: spatial_stride {self.spatial_stride} exceeds the grid {self.raw_grid} "
+                f"of '{first}'; lower the task's spatial_stride"
+            )
 
     # ------------------------------------------------------------------------------------------ geometry
     @property
@@ -179,8 +214,9 @@ class FnoMatReader:
             try:
                 self._file = h5py.File(self.path, "r")
             except OSError as e:
-                raise DataError(f"{self.path}: truncated or damaged MATLAB v7.3 (HDF5) file ({e}); "
-                                f"{self._what()}; {FIX}") from None  # fmt: skip
+                raise DataError(
+                    f"{self.path}: truncated or damaged MATLAB v7.3 (HDF5) file ({e}); {self._what()}; {FIX}"
+                ) from None
         return self._file
 
     def _loaded(self) -> dict[str, np.ndarray]:
@@ -191,8 +227,7 @@ class FnoMatReader:
             try:
                 data = scipy.io.loadmat(self.path, variable_names=self.keys)
             except Exception as e:  # as whosmat's: scipy has no one exception for a damaged file
-                raise DataError(f"{self.path}: cannot read {self.keys} from this MATLAB v5 file ({e}); "
-                                f"{FIX}") from None  # fmt: skip
+                raise DataError(f"{self.path}: cannot read {self.keys} from this MATLAB v5 file ({e}); {FIX}") from None
             self._arrays = {key: data[key] for key in self.keys}
         return self._arrays
 
@@ -263,8 +298,10 @@ class FnoMatReader:
 def open_fno_mat(paths: list[Path], task: TaskConfig) -> FnoMatReader:
     """The reader of one split of an FNO family: exactly one ``.mat`` file."""
     if len(paths) != 1:
-        raise DataError(f"a {task.pde} split is one .mat file, got {len(paths)}: {[str(p) for p in paths]}; "
-                        "name one file in the task's files.train_file / files.test_file")  # fmt: skip
+        raise DataError(
+            f"a {task.pde} split is one .mat file, got {len(paths)}: {[str(p) for p in paths]}; "
+            "name one file in the task's files.train_file / files.test_file"
+        )
     return FnoMatReader(Path(paths[0]), task)
 
 

@@ -95,8 +95,13 @@ def check_splits_agree(splits: dict[str, list[Path]]) -> None:
         train = readers["train"]
         for split, reader in readers.items():
             if split != "train":
-                _same_dataset(reader.path, _signature(reader.files_info[0]), train.path,
-                              _signature(train.files_info[0]), "dataset's splits")  # fmt: skip
+                _same_dataset(
+                    reader.path,
+                    _signature(reader.files_info[0]),
+                    train.path,
+                    _signature(train.files_info[0]),
+                    "dataset's splits",
+                )
     finally:
         for reader in readers.values():
             reader.close()
@@ -250,9 +255,16 @@ class WellReader:
         for param in _names(f.attrs["simulation_parameters"]):
             if param not in f["scalars"]:
                 raise DataError(f"{path}: simulation parameter '{param}' has no dataset under 'scalars/'")
-        return {"name": _text(f.attrs["dataset_name"]), "dims": dims, "sizes": sizes, "n_traj": n_traj,
-                "n_time": n_time, "fields": fields, "scalars": scalars,
-                "boundary": self._boundary(path, f, dims)}  # fmt: skip
+        return {
+            "name": _text(f.attrs["dataset_name"]),
+            "dims": dims,
+            "sizes": sizes,
+            "n_traj": n_traj,
+            "n_time": n_time,
+            "fields": fields,
+            "scalars": scalars,
+            "boundary": self._boundary(path, f, dims),
+        }
 
     @staticmethod
     def _group_names(path: Path, f: h5py.File, group: str) -> list[str]:

@@ -92,12 +92,14 @@ def published_moments(
             log.warning(
                 "data: %s disagrees with the train split (channel %d: mean %.6g std %.6g in the file, %.6g and %.6g "
                 "computed); normalising with the train split's statistics",
-                path, worst, found[0][worst], found[1][worst], want_mean[worst], want_std[worst],
-            )  # fmt: skip
+                path,
+                worst,
+                found[0][worst],
+                found[1][worst],
+                want_mean[worst],
+                want_std[worst],
+            )
             return None
-        out[part] = (
-            np.concatenate([found[0], mean[n:]]),
-            np.concatenate([np.maximum(found[1], STD_FLOOR), std[n:]]),
-        )
+        out[part] = (np.concatenate([found[0], mean[n:]]), np.concatenate([np.maximum(found[1], STD_FLOOR), std[n:]]))
     log.info("data: normalising with %s (it agrees with the train split's statistics)", path)
     return out
