@@ -114,6 +114,15 @@ class Trainer:
         self.cfg, self.env, self.tasks, self.run = cfg, env, tasks, run
         self.names = [t.name for t in tasks]
         self.checkpoints = run.checkpoints
+        self._set_up_model()
+        self._set_up_step()
+        self._set_up_data()
+        self._set_up_bookkeeping()
+
+    def _set_up_model(self) -> None:
+        """The model: built, its initial weights (a fine-tuning source's), frozen parts, its outputs checked on a
+        probe batch, the parameters each task leaves unused."""
+        cfg, env, tasks, run = self.cfg, self.env, self.tasks, self.run
         self.model = initial_model(cfg, tasks, env.device)
         self.weights_from = run.weights_from() if cfg.train.init_from is not None else None
         # With checkpoints of its own the run resumes from them, whose weights replace the source's: the source,
@@ -149,6 +158,11 @@ class Trainer:
         self.unused_by_task = {
             n: unused_parameters(self.model, lambda m, n=n: run_on_batches(m, {n: probe[n]})) for n in self.names
         }
+
+    def _set_up_step(self) -> None:
+        """The step: precision, compilation (the whole step, the model alone, or eager), the model spread over the
+        ranks, the optimizer and its schedule."""
+        cfg, env, tasks, run = self.cfg, self.env, self.tasks, self.run
         self.weighted = cfg.train.task_sampling == "weighted" and len(tasks) > 1
         # Tasks trained by rolling out (train.objective); DDP then wraps the rollout, run as one forward call.
         self.rolled_out = {t.name for t in tasks if t.spec.autoregressive and cfg.train.objective != "one_step"}
@@ -192,6 +206,10 @@ class Trainer:
         else:
             self.watch = CompileWatch("eager", compile_off_reason(cfg.compile, env.device))
         self.graphed = captures_graphs(cfg.compile, env)
+
+    def _set_up_data(self) -> None:
+        """The data: each task's loader and sampler, how tasks are drawn, the tasks validated."""
+        cfg, env, tasks = self.cfg, self.env, self.tasks
         self.loaders, self.samplers = training_loaders(cfg, env, tasks, self.steps * self.micro)
         weights = [cfg.tasks[n].sampling_weight for n in self.names]
         sizes = [self.samplers[n].n_items for n in self.names]
@@ -204,6 +222,10 @@ class Trainer:
                 "train.early_stop_patience is set but no task has validation data: give a val file or set "
                 "tasks.<name>.val_fraction > 0"
             )
+
+    def _set_up_bookkeeping(self) -> None:
+        """What the loop keeps count of: the run's state, non-finite steps, data waits, timings."""
+        cfg = self.cfg
         self.state = RunState()
         self.nonfinite = NonFiniteSteps(
             self.names,
