@@ -30,7 +30,8 @@ import torch
 from train import hashing
 from train.atomic import fsync_dir
 from train.checkpoint.integrity import INTEGRITY, sealed, state_bytes, tampered
-from train.errors import ConfigError, DataError, DistributedError
+from train.disk import free_bytes, full_message
+from train.errors import ConfigError, DataError, DiskFullError, DistributedError
 
 SUFFIX = ".dcp"
 MANIFEST = "manifest.json"
@@ -168,9 +169,6 @@ def folder_bytes(state: Any, ranks: int) -> int:
 
 def _write_error(failed: BaseException | None, partial: Path, digests: list, needed: int) -> BaseException:
     """The error every rank raises for a failed sharded write: a DiskFullError when a rank's disk filled."""
-    from train.disk import free_bytes, full_message
-    from train.errors import DiskFullError
-
     reasons = [d for d in digests if isinstance(d, str)]
     full = _enospc(failed) or any("No space left" in r or "ENOSPC" in r for r in reasons)
     final = partial.parent / partial.name[1 : -len(".partial")]

@@ -29,9 +29,11 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from train.checkpoint.shards import by_position
 from train.config import Config
 from train.distributed.env import DistEnv
 from train.errors import ConfigError
+from train.model.builtin import MODELS
 from train.strategies import STRATEGIES, StrategyFacts
 
 log = logging.getLogger(__name__)
@@ -127,8 +129,6 @@ def shard_group_size(cfg: Config, env: DistEnv) -> int:
 def shard_units(model: nn.Module, cfg: Config) -> list[str]:
     """Names of the submodules sharded as units: model.shard_units, the model table's, or each direct child of
     the model that holds parameters (a model of your own)."""
-    from train.model.builtin import MODELS
-
     built_in = cfg.model.name in MODELS
     patterns = cfg.model.shard_units or (list(MODELS[cfg.model.name].shard_units) if built_in else ["*"])
     names = [name for name, _ in model.named_modules() if name]
@@ -266,8 +266,6 @@ def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
     full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not full:
         return {}
-    from train.checkpoint.shards import by_position
-
     return by_position(full, _names(model))
 
 

@@ -10,7 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from train.config import Config
-from train.data.cache.build import CacheInfo
+from train.data.acquire.generate import file_bytes
+from train.data.acquire.sources import generated_path
+from train.data.cache import in_place
+from train.data.cache.build import CacheInfo, window_span
+from train.data.dataset import target_frames
 from train.data.formats import format_of
 from train.disk import human
 from train.model.builtin import MODELS, parameter_count
@@ -54,9 +58,6 @@ def shm_need(cfg: Config, nproc: int, caches: Mapping[str, CacheInfo | None], ba
 def device_data_need(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> int | None:
     """Bytes one rank's device holds with train.data_on_device: every task's training arrays (float32) and its
     window index (int64); None while a task has no cache yet."""
-    from train.data.cache.build import window_span
-    from train.data.dataset import target_frames
-
     total = 0
     for name, info in caches.items():
         if info is None:
@@ -128,8 +129,6 @@ def cache_bytes(task, source: Path | None, size: int) -> int:
     (train.data.cache.in_place, as its format says: a PDEBench file read whole from plain float32 storage, which
     generated files are), else the strided share of the source. ``source`` None: a PDEBench file still to generate
     (mapped), or a folder of files, which could be known to map only once they are read (counted as copied)."""
-    from train.data.cache import in_place
-
     layout, fmt = LAYOUTS[task.pde], format_of(task.pde)
     whole = task.spatial_stride == 1 and (not layout.autoregressive or task.temporal_stride == 1)
     if fmt.in_place and whole and (source is not None or fmt.whole_file):
@@ -148,9 +147,6 @@ def cache_bytes(task, source: Path | None, size: int) -> int:
 def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> list[tuple[Path, int, list[str]]]:
     """(an existing folder on it, bytes needed, what needs them) per filesystem: checkpoints kept plus one being
     written, each missing source file to generate, and each missing cache (train.launch.capacity.cache_bytes)."""
-    from train.data.acquire.generate import file_bytes
-    from train.data.acquire.sources import generated_path
-
     needs = {Path(cfg.run.runs_dir): (cfg.train.keep_checkpoints + 1) * checkpoint_bytes(cfg)}
     cache_need = data_need = 0
     for name, task in cfg.tasks.items():

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from train.config import Config
+from train.distributed.env import free_port
 from train.errors import ConfigError, DataError, DiskFullError, DistributedError, Preempted, PreflightError, TrainError
 from train.heap import freeze_imported
 from train.launch.address import network_environ
@@ -169,8 +170,6 @@ dist.destroy_process_group()
 def detail_debug_works() -> bool:
     """Whether DDP survives TORCH_DISTRIBUTED_DEBUG=DETAIL here: some builds (seen: 2.13 CPU wheels) segfault
     while logging DDP's construction, which would turn DEBUG=1 into a crash of every rank."""
-    from train.distributed.env import free_port
-
     env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "MASTER_ADDR": "127.0.0.1"}
     env["MASTER_PORT"] = str(free_port())
     probe = subprocess.run([sys.executable, "-c", _DETAIL_PROBE], env=env, capture_output=True, timeout=120)

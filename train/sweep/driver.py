@@ -15,6 +15,8 @@ from optuna.trial import TrialState
 from train.atomic import write_json_atomic, write_text_atomic
 from train.config import Config, load_config, training_differences, validate
 from train.errors import ConfigError
+from train.pipeline import run_stages
+from train.slurm import ArrayJob, render_sbatch
 from train.sweep.results import SUMMARY, write_results
 from train.sweep.runner import Worker, check_outcome
 from train.sweep.space import SweepSpec, check_spec, read_spec
@@ -71,8 +73,6 @@ def _check_record(root: Path, spec: SweepSpec, base: Config) -> None:
 
 def run_sweep(study: SweepStudy, base: Config, *, array_task: bool = False) -> Path:
     """Run trials from the study until none is left to take; returns the summary's path."""
-    from train.pipeline import run_stages
-
     spec = study.spec
     slots = [Slot()] if array_task else divide_machine(spec.parallel, base)
     done = sum(t.state.is_finished() for t in study.trials())
@@ -118,8 +118,6 @@ def write_array(
 ) -> Path:
     """Render the SLURM job array of the sweep: ``trials`` tasks, ``parallel`` at once, each running trials from
     the study until none is left (``python -m train sweep --array-task``), requeued on preemption."""
-    from train.slurm import ArrayJob, render_sbatch
-
     if base.slurm.nodes != 1:
         raise ConfigError(
             f"slurm.nodes={base.slurm.nodes}: a sweep's array tasks run single-node trials; set slurm.nodes=1 "

@@ -38,6 +38,7 @@ from train.model.builtin import MODELS
 from train.model.factory import build_model, factory_source
 from train.model.specs import TaskSpec, spec_from_record
 from train.remote.fetch import resolve_checkpoint, resolve_initial_weights  # noqa: F401 (callers' names)
+from train.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -269,8 +270,6 @@ def _device(device: str | torch.device) -> torch.device:
 
 def _cards_of_run(folder: Path, path: Path) -> dict:
     """An older checkpoint's task cards, from the caches its run folder names (when they are still there)."""
-    from train.run_dir import RunDir
-
     run = RunDir(folder)
     try:
         tasks = run.load_tasks(run.load_config())
