@@ -68,7 +68,7 @@ def prepare_sources(workdir: Path, tasks: dict[str, tuple[TaskConfig, dict]]) ->
     return sources
 
 
-def _evict(path: Path) -> None:
+def evict(path: Path) -> None:
     """Drop a file's clean pages from the page cache, so the next read comes from the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -96,17 +96,17 @@ def build_rates(workdir: Path, tasks: dict, sources: dict[str, Path], cold: bool
     """Cold-cache MB/s of a raw HDF5 read, of the source checksums and of the cache build proper (``cold=False``,
     for --quick: from the page cache as it is, without the flushes eviction takes, which wait on every other
     writer of the disk)."""
-    evict = _evict if cold else lambda path: None
+    drop = evict if cold else lambda path: None
     raw_s = raw_bytes = 0.0
     for path in sources.values():
-        evict(path)
+        drop(path)
         seconds, nbytes = raw_read_seconds(path)
         raw_s, raw_bytes = raw_s + seconds, raw_bytes + nbytes
     root = workdir / "build-timing"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     for path in sources.values():
-        evict(path)
+        drop(path)
     start = time.perf_counter()
     memo = ChecksumMemo(root / CHECKSUMS)  # what a first build does before it can name its folder
     for path in sources.values():
@@ -114,7 +114,7 @@ def build_rates(workdir: Path, tasks: dict, sources: dict[str, Path], cold: bool
     memo.save()
     checksum_s = time.perf_counter() - start
     for path in sources.values():
-        evict(path)
+        drop(path)
     start = time.perf_counter()
     for name, (task, _) in tasks.items():
         build_cache(name, task, sources[name], root)
