@@ -61,7 +61,8 @@ class Tier:
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     """User and system CPU time of the tier's pytest and every process it waited for (not SLURM's jobs nor
-    Docker's containers, which their daemons start)."""
+    Docker's containers, which their daemons start, nor the ranks tests.helpers.run_ranks forks from its
+    forkserver, whose parent never waits for them)."""
     summary: str = ""
     waits: bool = False
     """The tier mostly waits (on timeouts): it runs in a lane of its own beside the computing tiers rather than
