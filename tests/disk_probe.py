@@ -13,6 +13,7 @@ namespace; it prints one JSON line: a result per step.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -35,12 +36,17 @@ def listing(root: Path) -> dict[str, list]:
 
 
 def fill(folder: Path, keep: int) -> None:
-    """Write zeros until only ``keep`` bytes are left: real blocks, as another process filling the disk would."""
-    with open(folder / BALLAST, "wb") as f:
-        while (free := shutil.disk_usage(folder).free) > keep:
-            f.write(b"\0" * min(free - keep, 1 << 20))
-            f.flush()
-            os.fsync(f.fileno())
+    """Write zeros until only ``keep`` bytes are left: real blocks, as another process filling the disk would.
+    Filling it whole (``keep=0``) beside a run that writes too, the run may take the last blocks between a look
+    at the free space and the write: the write then finds the disk full, which is what was asked."""
+    with open(folder / BALLAST, "wb", buffering=0) as f:
+        try:
+            while (free := shutil.disk_usage(folder).free) > keep:
+                f.write(b"\0" * min(free - keep, 1 << 20))
+                os.fsync(f.fileno())
+        except OSError as e:
+            if e.errno != errno.ENOSPC or keep:
+                raise
 
 
 def logged_step(metrics: Path) -> int:
