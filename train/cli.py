@@ -60,20 +60,18 @@ def _positive(value: str) -> int:
     raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 1")
 
 
+def _overrides(command: argparse.ArgumentParser, help_text: str) -> None:
+    """``--set KEY=VALUE``, repeatable, into ``args.overrides``."""
+    command.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help_text)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m train", description="Multi-task PDE surrogate training with DDP.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in {**STAGE_COMMANDS, **OTHER_COMMANDS}.items():
         c = sub.add_parser(name, help=help_text, description=help_text)
         c.add_argument("--config", "-c", default="configs/default.yaml", help="YAML config (default: %(default)s)")
-        c.add_argument(
-            "--set",
-            dest="overrides",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a config value, e.g. --set train.epochs=3 (repeatable)",
-        )
+        _overrides(c, "override a config value, e.g. --set train.epochs=3 (repeatable)")
         c.add_argument("--run", help="run name (folder under run.runs_dir); default: the config file's stem")
         if name not in ("slurm", "push"):
             c.add_argument("--nproc", default=None, type=_nproc, help="processes per node: auto (default) or a number")
@@ -102,14 +100,7 @@ def _sweep_command(sub) -> None:
     c.add_argument("--config", "-c", default="configs/default.yaml", help="base YAML config (default: %(default)s)")
     c.add_argument("--space", "-s", required=True, help="the search space file (docs/sweeps.md)")
     c.add_argument("--name", help="the sweep's folder under run.runs_dir; default: the space file's stem")
-    c.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a value of the base config (repeatable)",
-    )
+    _overrides(c, "override a value of the base config (repeatable)")
     c.add_argument("--slurm", action="store_true", help="render the SLURM job array (runs/<sweep>/sweep.sbatch)")
     c.add_argument("--output", "-o", help="with --slurm: write the sbatch file here")
     c.add_argument(

@@ -48,48 +48,25 @@ class Layout:
         return self.style not in ("single", "groups", "well")
 
 
+def _flow(spatial_dims: int, generated_file: str) -> Layout:
+    """A compressible flow in PDEBench's single-file layout: density, pressure and one velocity per axis, each
+    frame predicting the next."""
+    fields = ("density", "pressure", *("Vx", "Vy", "Vz")[:spatial_dims])
+    return Layout(fields, fields, spatial_dims, True, generated_file=generated_file)
+
+
 LAYOUTS = {
     "advection1d": Layout(("tensor",), ("tensor",), 1, True, generated_file="1D_Advection_Sols_beta{}.hdf5"),
     "burgers1d": Layout(("tensor",), ("tensor",), 1, True, generated_file="1D_Burgers_Sols_Nu{}.hdf5"),
     "reacdiff1d": Layout(("tensor",), ("tensor",), 1, True),
     "darcy2d": Layout(("nu",), ("tensor",), 2, False, generated_file="2D_DarcyFlow_beta{}_Train.hdf5"),
-    "cfd1d": Layout(
-        ("density", "pressure", "Vx"),
-        ("density", "pressure", "Vx"),
-        1,
-        True,
-        generated_file="1D_CFD_Advected_V{}_periodic_Train.hdf5",
-    ),
-    "cfd2d": Layout(
-        ("density", "pressure", "Vx", "Vy"),
-        ("density", "pressure", "Vx", "Vy"),
-        2,
-        True,
-        generated_file="2D_CFD_Advected_V{}_periodic_Train.hdf5",
-    ),
+    "cfd1d": _flow(1, "1D_CFD_Advected_V{}_periodic_Train.hdf5"),
+    "cfd2d": _flow(2, "2D_CFD_Advected_V{}_periodic_Train.hdf5"),
     # 3D_CFD_{Rand,Turb}_M*_Eta*_Zeta*_periodic_Train.hdf5: each field [sample, t, x, y, z]
-    "cfd3d": Layout(
-        ("density", "pressure", "Vx", "Vy", "Vz"),
-        ("density", "pressure", "Vx", "Vy", "Vz"),
-        3,
-        True,
-        generated_file="3D_CFD_Advected_V{}_periodic_Train.hdf5",
-    ),
+    "cfd3d": _flow(3, "3D_CFD_Advected_V{}_periodic_Train.hdf5"),
     # The Euler equations solved by a finite-volume scheme (generate_euler): smooth and Riemann initial states
-    "euler1d": Layout(
-        ("density", "pressure", "Vx"),
-        ("density", "pressure", "Vx"),
-        1,
-        True,
-        generated_file="1D_CFD_Euler_Riemann{}_periodic_Train.hdf5",
-    ),
-    "euler2d": Layout(
-        ("density", "pressure", "Vx", "Vy"),
-        ("density", "pressure", "Vx", "Vy"),
-        2,
-        True,
-        generated_file="2D_CFD_Euler_Riemann{}_periodic_Train.hdf5",
-    ),
+    "euler1d": _flow(1, "1D_CFD_Euler_Riemann{}_periodic_Train.hdf5"),
+    "euler2d": _flow(2, "2D_CFD_Euler_Riemann{}_periodic_Train.hdf5"),
     "diffreact2d": Layout(("data",), ("data",), 2, True, "groups", 2),  # 2D_diff-react_NA_NA.h5
     "shallowwater2d": Layout(("data",), ("data",), 2, True, "groups", 1),  # 2D_rdb_NA_NA.h5
     "diffsorp1d": Layout(("data",), ("data",), 1, True, "groups", 1),  # 1D_diff-sorp_NA_NA.h5
