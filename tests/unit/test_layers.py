@@ -42,9 +42,12 @@ def _owner(module: str, names: list[str]) -> str | None:
     return max(found, key=len, default=None)
 
 
+LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
 def _layer(module: str) -> int | None:
-    owners = {_owner(module, names): i for i, names in enumerate(LAYERS) if _owner(module, names)}
-    return owners[max(owners, key=len)] if owners else None
+    owner = _owner(module, list(LAYER_OF))
+    return None if owner is None else LAYER_OF[owner]
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -56,9 +59,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("train"):
             for alias in node.names:
                 # `from train import checkpoint` imports the module train.checkpoint, not the package train
-                whole = f"{node.module}.{alias.name}"
-                is_module = node.module == "train" and _layer(whole) is not None
-                found.append((node.lineno, whole if is_module else node.module))
+                found.append((node.lineno, f"train.{alias.name}" if node.module == "train" else node.module))
     return found
 
 
