@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make gpu-check: the GPU checks (train/gpu_check.py) in one command on a bare GPU machine.
+# make gpu-check: the GPU checks (train/bench/gpu/) in one command on a bare GPU machine.
 #
 # Python: the project's .venv when it exists; otherwise, where the machine's python3 already has a CUDA build of
 # PyTorch (GPU images ship one matched to their driver), a venv on top of it (--system-site-packages) with this
@@ -34,4 +34,4 @@ else
   make install
   py=$VENV/bin/python
 fi
-exec "$py" -m train.gpu_check "$@"
+exec "$py" -m train.bench.gpu "$@"

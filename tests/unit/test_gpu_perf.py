@@ -1,4 +1,4 @@
-"""The GPU check's measurements (train.bench.gpu_perf, gpu_peer) at toy size on the CPU: the code a GPU machine
+"""The GPU check's measurements (train.bench.gpu.perf, gpu_peer) at toy size on the CPU: the code a GPU machine
 runs stays working where none is. Their figures are the GPU's to give (docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.bench.gpu_perf import Bench, against_bare, no_sync, sweep
+from train.bench.gpu.perf import Bench, against_bare, no_sync, sweep
 
 CPU = torch.device("cpu")
 
@@ -41,7 +41,7 @@ def test_the_sync_check_counts_its_steady_steps(bench):
 
 def test_the_peer_is_neuraloperators_own_trainer_on_the_same_windows(bench):
     pytest.importorskip("neuralop", reason="neuraloperator is a test-only dependency: pip install '.[dev]'")
-    from train.bench.gpu_peer import peer, windows
+    from train.bench.gpu.peer import peer, windows
 
     x, y = windows(bench, 6)
     assert x.shape == (6, 10, 64) and y.shape == (6, 1, 64)
@@ -49,7 +49,7 @@ def test_the_peer_is_neuraloperators_own_trainer_on_the_same_windows(bench):
 
 
 def test_the_fsdp_check_shards_the_model_and_matches_the_plain_one(bench):
-    from train.bench.gpu_fsdp import fsdp_against_plain
+    from train.bench.gpu.fsdp import fsdp_against_plain
 
     result = fsdp_against_plain(bench, 4, steps=8)
     assert result["passed"], result
@@ -78,7 +78,7 @@ def test_the_bare_loop_really_shards_under_fsdp(bench, monkeypatch):
 def test_the_launch_count_traces_one_steady_step(bench):
     """On a GPU: graph replays, kernel launches and copies of one steady step; on this CPU the trace has no CUDA
     calls, and its kernel-level operations outside compiled graphs (an eager step here: all of them) are counted."""
-    from train.bench.gpu_perf import launches_per_step
+    from train.bench.gpu.perf import launches_per_step
 
     result = launches_per_step(bench, 4, None, warmup=2)
     assert result["graph"] == result["kernel"] == result["copy"] == 0 and not result["target_met"]

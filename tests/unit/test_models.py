@@ -260,7 +260,7 @@ def test_a_residual_model_predicts_the_change_from_the_last_frame(name):
 
 def test_the_gpu_ceiling_benchmark_runs_its_steps_at_toy_size_on_a_cpu():
     """make gpu-check's ceiling (the FNOs' step with the data on the device) is run by no CI: its code runs here."""
-    from train.bench.gpu_ceiling import TOY, ceiling
+    from train.bench.gpu.ceiling import TOY, ceiling
 
     rows = ceiling(torch.device("cpu"))
     assert [(r["task"], r["batch"], r["mode"]) for r in rows] == TOY

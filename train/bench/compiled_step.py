@@ -125,7 +125,7 @@ def small_model(workdir: Path, steps: int, warmup: int, repeats: int, log_every:
     }
 
 
-def default_run(workdir: Path) -> dict:
+def default_config_both_ways(workdir: Path) -> dict:
     """configs/default.yaml compiled and eager, each from the command to its report (data and caches first)."""
     folders = {key: workdir / f"default-{key}" for key in ("data", "cache")}
     sets = [arg for key, folder in folders.items() for arg in ("--set", f"run.{key}_dir={folder}")]
@@ -170,14 +170,14 @@ def default_run(workdir: Path) -> dict:
     return out
 
 
-def run(out: Path, workdir: Path, steps: int, warmup: int, repeats: int, with_default: bool, quick: bool) -> dict:
+def run(out: Path, workdir: Path, steps: int, warmup: int, repeats: int, default_run: bool, quick: bool) -> dict:
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
     log_every = 10 if not quick else 2
     # The default run first: a launch in this process sets OMP_NUM_THREADS for its one rank (all the cores),
     # which two ranks of a later subprocess would inherit and oversubscribe the cores with.
-    default = default_run(workdir) if with_default and not quick else None
+    default = default_config_both_ways(workdir) if default_run and not quick else None
     small = small_model(workdir, steps, warmup, repeats, log_every)
     result = {
         "machine": machine_figures(load_before),

@@ -50,7 +50,9 @@ def steps_per_epoch(cfg: Config, tasks: list[TaskData], world_size: int) -> int:
     )
 
 
-def _dataset(task: TaskData, horizon: int = 1):
+def task_dataset(task: TaskData, horizon: int = 1):
+    """A task's training dataset over its cache: items of ``horizon`` target frames (its latent cache's items
+    when the model trains on a frozen encoder's latents)."""
     dataset = training_dataset(task.info, "train", task.spec.initial_step, horizon, task.spec.frame_stride)
     return LatentDataset(dataset, task.latent.file) if task.latent is not None else dataset
 
@@ -60,7 +62,7 @@ def training_loaders(
 ) -> tuple[dict[str, DataLoader | DeviceLoader], dict[str, EqualBatchSampler]]:
     """One loader per task, each able to yield ``micro_steps`` batches per epoch on every rank: the data gathered
     on the device (train.data_on_device) or a DataLoader over the cache."""
-    datasets = {t.name: _dataset(t, target_frames(cfg.train)) for t in tasks}
+    datasets = {t.name: task_dataset(t, target_frames(cfg.train)) for t in tasks}
     where = data_placement(cfg, list(datasets.values()), env.device)
     loaders, samplers = {}, {}
     for stream, task in enumerate(tasks):
@@ -114,7 +116,7 @@ def probe_batches(tasks: list[TaskData], device: torch.device) -> dict[str, dict
     task's forward uses (two, because batch normalisation needs more than one value per channel in training)."""
     batches = {}
     for t in tasks:
-        dataset = _dataset(t)
+        dataset = task_dataset(t)
         items = dataset.__getitems__(list(range(min(2, len(dataset)))))
         batches[t.name] = {k: v.to(device) for k, v in items.items()}
     return batches

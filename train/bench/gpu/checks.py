@@ -1,30 +1,8 @@
-"""``python -m train.gpu_check`` (``make gpu-check``): what only a GPU can show, on one GPU.
+"""The GPU checks of train/bench/gpu/table.py:CHECKS, one function each: it runs its measurement or check on
+the one GPU and returns its record (``passed``, its figures and, where it has them, ``targets``).
 
-Each check prints one PASS/FAIL line and writes a JSON record under ``runs/gpu-check/``. By default, in this
-order:
-
-- ``perf``: configs/gpu.yaml's advection task (PDEBench's published size, generated on first use): the GPU
-  launches of one steady step with the whole step graphed (profiler trace: graph replays, kernels, copies);
-  samples/s and GPU busy across batch sizes, data on the device or through the loader, eager, compiled or graphed
-  (the whole step compiled, or replayed as a CUDA graph); the trainer against a bare loop over the same data;
-  neuraloperator's own Trainer on the same data (train.bench.gpu_perf, train.bench.gpu_peer);
-- ``no_sync``: 50 steady trainer steps under ``torch.cuda.set_sync_debug_mode("error")``;
-- ``accuracy``: that task trained for GPU_CHECK_TRAIN_S seconds (180): test nRMSE next to PDEBench's published
-  FNO, validation nRMSE against training time, GPU busy and data wait;
-- ``fsdp``: the FNO sharded by FSDP2 (dist.parallel=fsdp) against the plain model, fp32 losses step by step and
-  bf16 compiled (train.bench.gpu_fsdp);
-- ``smoke``: the smoke test (collectives on NCCL, DDP steps against one process, checkpoint, torch.compile);
-- ``fno_bf16``: the FNO's spectral layers under bf16 autocast against fp32 (the FFTs must run in fp32);
-- ``resume``: a run SIGKILLed after a checkpoint and resumed ends bitwise equal to an uninterrupted one.
-
-By name only (``GPU_CHECKS="fno_compile ceiling"``, or ``all``): ``fno_compile`` (the default FNO compiled and
-eager, bf16: final losses close), ``unet_syncbn`` (the U-Net, batch normalisation synchronous with two GPUs or
-more), ``speed`` (the default config and the published-size file through the loader, the figures before data on
-the device), ``ceiling`` (train.bench.gpu_ceiling: the FNO's bare step on random data) and ``transfer`` (the
-data-efficiency benchmark of train.bench.transfer with a trunk of about 5M parameters).
-
-Without a CUDA device it says so and exits 0 having run nothing. Exit 1 when a check fails, 2 for an unknown
-check.
+Each runs ``python -m train`` as a user does, or the trainer in this process through ``Bench`` (perf.py), with
+its folders under ``runs/gpu-check/<check>/``.
 """
 
 from __future__ import annotations
@@ -160,7 +138,7 @@ def check_resume() -> dict:
 
 
 def _speed(name: str, argv: list[str]) -> dict:
-    from train.bench.gpu_perf import GpuUtilisation
+    from train.bench.gpu.perf import GpuUtilisation
 
     with GpuUtilisation() as gpu:
         proc = _run([*TRAIN, "run", *argv, "--run", name, *_folders("speed")], timeout=480)
@@ -177,7 +155,7 @@ def _speed(name: str, argv: list[str]) -> dict:
     }
 
 
-def advection_config(path: Path) -> Path:
+def published_advection_config(path: Path) -> Path:
     """The default config's advection task alone, at PDEBench's published size: 10,000 x 201 x 1024 float32
     (8.2 GB), unstrided, so its cache maps the file in place."""
     import yaml
@@ -193,7 +171,7 @@ def advection_config(path: Path) -> Path:
 
 def check_speed() -> dict:
     default = _speed("default", [*BASE, *SHORT, "--set=train.steps_per_epoch=300"])
-    config = advection_config(OUT / "speed" / "advection_8gb.yaml")
+    config = published_advection_config(OUT / "speed" / "advection_8gb.yaml")
     scale = _speed(
         "advection_8gb", ["--config", str(config), "--nproc", "1", *SHORT, "--set=train.steps_per_epoch=300"]
     )
@@ -203,7 +181,7 @@ def check_speed() -> dict:
 def check_ceiling() -> dict:
     import torch
 
-    from train.bench.gpu_ceiling import ceiling
+    from train.bench.gpu.ceiling import ceiling
 
     rows = ceiling(torch.device("cuda"))
     measured = [r for r in rows if "samples_per_s" in r and r["task"] == "advection1d"]
@@ -220,7 +198,7 @@ PDEBENCH_FNO_NRMSE = 7.7e-3
 def _bench():
     import torch
 
-    from train.bench.gpu_perf import Bench
+    from train.bench.gpu.perf import Bench
 
     return Bench(OUT / "perf", torch.device("cuda"))
 
@@ -232,8 +210,8 @@ def _gpu_batch() -> int:
 
 
 def check_perf() -> dict:
-    from train.bench.gpu_peer import peer
-    from train.bench.gpu_perf import against_bare, best, launches_per_step, sweep
+    from train.bench.gpu.peer import peer
+    from train.bench.gpu.perf import against_bare, best, launches_per_step, sweep
 
     bench, batch = _bench(), _gpu_batch()
     launched = launches_per_step(bench, batch, "reduce-overhead")  # first: the whole step graphed, one trace
@@ -267,13 +245,13 @@ def check_perf() -> dict:
 
 
 def check_no_sync() -> dict:
-    from train.bench.gpu_perf import no_sync
+    from train.bench.gpu.perf import no_sync
 
     return no_sync(_bench(), _gpu_batch(), "reduce-overhead")
 
 
 def check_fsdp() -> dict:
-    from train.bench.gpu_fsdp import fsdp_against_plain
+    from train.bench.gpu.fsdp import fsdp_against_plain
 
     return fsdp_against_plain(_bench(), _gpu_batch())
 
@@ -283,7 +261,7 @@ def check_accuracy() -> dict:
     from the perf check's samples/s where it ran): validation nRMSE against training time, then the test nRMSE."""
     import yaml
 
-    from train.bench.gpu_perf import advection_config
+    from train.bench.gpu.perf import advection_config
 
     budget = float(os.environ.get("GPU_CHECK_TRAIN_S", 180))
     config = advection_config(OUT / "perf", toy=False)
@@ -298,7 +276,7 @@ def check_accuracy() -> dict:
         f"--set=train.steps_per_epoch={per_epoch}",
         "--set=train.val_every=null",
     ]
-    from train.bench.gpu_perf import GpuUtilisation
+    from train.bench.gpu.perf import GpuUtilisation
 
     with GpuUtilisation() as gpu:
         proc = _run(
@@ -346,58 +324,3 @@ def check_transfer() -> dict:
 
     result = run(OUT / "transfer", OUT / "transfer" / "work", device="cuda", **GPU)
     return {"passed": True, **result}
-
-
-CHECKS = {
-    "smoke": check_smoke,
-    "fno_bf16": check_fno_bf16,
-    "resume": check_resume,
-    "perf": check_perf,
-    "no_sync": check_no_sync,
-    "accuracy": check_accuracy,
-    "fsdp": check_fsdp,
-    # By name only (GPU_CHECKS=...): the older figures the ones above supersede, and the slower checks.
-    "fno_compile": check_fno_compile,
-    "unet_syncbn": check_unet_syncbn,
-    "speed": check_speed,
-    "ceiling": check_ceiling,
-    "transfer": check_transfer,
-}
-DEFAULT = ("perf", "no_sync", "accuracy", "fsdp", "smoke", "fno_bf16", "resume")
-"""The measurements first: on a machine lent for minutes, what only a GPU can measure comes before the checks
-an earlier GPU already passed."""
-
-
-def main(argv: list[str]) -> int:
-    import torch
-
-    if not torch.cuda.is_available():
-        print("gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing was run")
-        return 0
-    OUT.mkdir(parents=True, exist_ok=True)
-    names = list(CHECKS) if argv == ["all"] else argv or list(DEFAULT)
-    unknown = [n for n in names if n not in CHECKS]
-    if unknown:
-        print(f"gpu-check: unknown check(s) {', '.join(unknown)}; the checks: {', '.join(CHECKS)}")
-        return 2
-    device = torch.cuda.get_device_name(0)
-    print(f"gpu-check on {device}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
-    failed = []
-    for name in names:
-        start = time.perf_counter()
-        try:
-            record = CHECKS[name]()
-        except Exception as e:  # one check's crash is its FAIL line, not the end of the others
-            record = {"passed": False, "error": f"{type(e).__name__}: {e}"}
-        record.update(check=name, device=device, seconds=round(time.perf_counter() - start, 1))
-        (OUT / f"{name}.json").write_text(json.dumps(record, indent=2))
-        shown = {k: v for k, v in record.items() if k not in ("tail", "check", "device", "passed")}
-        print(f"{'PASS' if record['passed'] else 'FAIL'} {name}: {json.dumps(shown)[:1500]}", flush=True)
-        if not record["passed"]:
-            failed.append(name)
-    print(f"gpu-check: {len(names) - len(failed)}/{len(names)} passed; records in {OUT}/", flush=True)
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

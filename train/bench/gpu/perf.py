@@ -34,7 +34,7 @@ from train.config import Config, load_config
 from train.distributed.env import DistEnv, init_distributed
 from train.run_dir import RunDir
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TASK = "advection1d"
 BATCHES = (32, 128, 512, 1024, 4096)
 TOY_BATCHES = (4, 8)
@@ -193,7 +193,7 @@ class Bench:
         compiling, as the trainer does; ``losses``: every step's loss in the result."""
         from train.data.dataset import EqualBatchSampler
         from train.data.device_data import DeviceTask
-        from train.engine.loaders import _dataset, initial_model
+        from train.engine.loaders import initial_model, task_dataset
         from train.engine.loss import task_loss
         from train.engine.optim import build_optimizer
         from train.engine.setup import compile_model, resolve_precision
@@ -209,9 +209,9 @@ class Bench:
             model = PARALLEL[strategy].wrap(model, model, self.env, cfg, False, precision)
         forward = compile_model(model, cfg.compile, self.env)
         optimizer, scheduler = build_optimizer(model.parameters(), cfg.train, 10 * steps)
-        data = DeviceTask(_dataset(task), self.device)
+        data = DeviceTask(task_dataset(task), self.device)
         warmup, batch = cfg.train.log_every, cfg.tasks[TASK].batch_size
-        sampler = EqualBatchSampler(len(_dataset(task)), batch, warmup + steps, 0, 1, cfg.run.seed, 0)
+        sampler = EqualBatchSampler(len(task_dataset(task)), batch, warmup + steps, 0, 1, cfg.run.seed, 0)
         rows = torch.as_tensor(list(sampler), device=self.device)
         graphed = cfg.compile.enabled is not False and cfg.compile.mode == "reduce-overhead"
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)

@@ -15,7 +15,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from train.bench.gpu_perf import TASK, Bench
+from train.bench.gpu.perf import TASK, Bench
 
 
 class _Windows(Dataset):
@@ -31,11 +31,11 @@ class _Windows(Dataset):
 
 def windows(bench: Bench, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``n`` training windows of the trainer's own dataset, channels first, on the device."""
-    from train.engine.loaders import _dataset
+    from train.engine.loaders import task_dataset
 
     cfg = bench.cfg("peer", [])
     (task,) = bench.run_dir(cfg).load_tasks(cfg)
-    dataset = _dataset(task)
+    dataset = task_dataset(task)
     items = dataset.__getitems__(list(range(min(n, len(dataset)))))
     x = items["x"][..., 0].to(bench.device)  # (n, frames, points): the frames as channels
     y = items["y"].movedim(-1, 1).to(bench.device)  # (n, 1, points)

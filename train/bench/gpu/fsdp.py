@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 
-from train.bench.gpu_perf import Bench
+from train.bench.gpu.perf import Bench
 
 TOLERANCE = 1e-5
 """Largest relative gap between the fp32 loss curves (the FSDP2 target of docs/benchmarks.md)."""
