@@ -30,7 +30,7 @@ def run(args: list[str]) -> dict:
 def cached_arrays(cache_dir: Path) -> list:
     """Every array of every finished cache under ``cache_dir``: the data a run reads, whether its bytes lie in the
     cache's .npy files or in place in the source files."""
-    from train.data.cache.build import CacheInfo
+    from train.data.cache.info import CacheInfo
 
     arrays = []
     for manifest in sorted(cache_dir.glob("*/*/manifest.json")):

@@ -37,8 +37,8 @@ from train.atomic import write_json_atomic, write_text_atomic
 from train.checkpoint import training_done
 from train.config import Config, load_config, to_yaml, training_differences
 from train.data.acquire.sources import Provenance
-from train.data.cache.build import MANIFEST as CACHE_MANIFEST
-from train.data.cache.build import CacheInfo, changed_mapped_sources
+from train.data.cache.info import MANIFEST as CACHE_MANIFEST
+from train.data.cache.info import CacheInfo, changed_mapped_sources
 from train.data.dataset import LatentInfo
 from train.errors import ConfigError, DataError
 from train.model.specs import TaskData, task_spec

@@ -18,7 +18,8 @@ from train.data.acquire.generate import generate
 from train.data.acquire.sources import SplitFiles
 from train.data.cache import build as cachemod
 from train.data.cache import running_stats
-from train.data.cache.build import MANIFEST, CacheInfo, build_cache, cache_key
+from train.data.cache.build import build_cache, cache_key
+from train.data.cache.info import MANIFEST, CacheInfo
 from train.data.checksum import hash_file
 from train.errors import DataError
 

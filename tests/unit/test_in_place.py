@@ -12,7 +12,8 @@ import pytest
 
 from tests.unit.test_cache import CFD1D_KEYS, advection_data, normalised, task, write_cfd, write_darcy, write_tensor
 from train.data.cache import in_place
-from train.data.cache.build import CacheInfo, build_cache
+from train.data.cache.build import build_cache
+from train.data.cache.info import CacheInfo
 from train.errors import DataError
 
 

@@ -11,7 +11,7 @@ import torch
 
 from train.checkpoint import CONFIG, MODEL, SPECS, save_best
 from train.config import Config, ModelConfig, MultiphysicsConfig, TaskConfig, load_config
-from train.data.cache.build import CacheInfo
+from train.data.cache.info import CacheInfo
 from train.errors import ConfigError
 from train.model.builtin import check_builtin
 from train.model.factory import build_model, check_outputs

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from train.config import load_config
-from train.data.cache.build import CacheInfo
+from train.data.cache.info import CacheInfo
 from train.errors import PreflightError
 from train.launch.capacity import MiB, sample_bytes, shm_need
 from train.launch.doctor import (

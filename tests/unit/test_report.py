@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from train.data.cache.build import CacheInfo, array_name
+from train.data.cache.info import CacheInfo, array_name
 from train.engine.evaluate import example_prediction
 from train.engine.metrics import KEYS
 from train.model.specs import TaskData, TaskSpec

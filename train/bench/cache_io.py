@@ -29,7 +29,8 @@ from torch.utils.data import DataLoader, RandomSampler
 from train.bench import save_result
 from train.config import TaskConfig
 from train.data.acquire.generate import generate
-from train.data.cache.build import CHECKSUMS, CacheInfo, build_cache
+from train.data.cache.build import CHECKSUMS, build_cache
+from train.data.cache.info import CacheInfo
 from train.data.checksum import ChecksumMemo
 from train.data.dataset import EqualBatchSampler, keep_batch, training_dataset
 from train.data.formats.pdebench import READ_BLOCK_BYTES

@@ -231,7 +231,7 @@ def loader_rate(workdir: Path, seconds: float = 20.0) -> dict:
     """The advection cache (in place) through a DataLoader with 2 workers and no model: samples/s per core."""
     from torch.utils.data import DataLoader
 
-    from train.data.cache.build import CacheInfo
+    from train.data.cache.info import CacheInfo
     from train.data.dataset import EqualBatchSampler, WindowDataset, keep_batch
 
     (folder,) = _cache_dirs(workdir / "cache-in_place", "advection1d")

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from train.config import TrainConfig
-from train.data.cache.build import CacheInfo, window_index_name, window_span, with_constants, write_window_index
+from train.data.cache.build import window_index_name, window_span, write_window_index
 from train.data.cache.cached_array import CachedArray
+from train.data.cache.info import CacheInfo, with_constants
 
 
 def target_frames(cfg: TrainConfig) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from train.data.cache.build import CacheInfo
+from train.data.cache.info import CacheInfo
 from train.data.dataset import training_dataset
 from train.data.formats import format_of
 from train.distributed.collectives import all_reduce_sum

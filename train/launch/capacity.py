@@ -13,7 +13,8 @@ from train.config import Config
 from train.data.acquire.generate import file_bytes
 from train.data.acquire.sources import generated_path
 from train.data.cache import in_place
-from train.data.cache.build import CacheInfo, window_span
+from train.data.cache.build import window_span
+from train.data.cache.info import CacheInfo
 from train.data.dataset import target_frames
 from train.data.formats import format_of
 from train.disk import human

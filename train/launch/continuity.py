@@ -17,7 +17,7 @@ from pathlib import Path
 
 from train.checkpoint import DATA, WEIGHTS_FROM, best_checkpoint, latest_checkpoint, list_checkpoints, small_components
 from train.config import Config
-from train.data.cache.build import CacheInfo
+from train.data.cache.info import CacheInfo
 from train.errors import ConfigError, DataError
 from train.remote.fetch import resolve_initial_weights
 from train.run_dir import RunDir

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.config import Config
-from train.data.cache.build import CacheInfo
+from train.data.cache.info import CacheInfo
 from train.disk import human, unwritable
 from train.errors import ConfigError, PreflightError, TrainError
 from train.launch.address import advertised_address, is_public

@@ -11,7 +11,7 @@ no other family shares unless a config says so. docs/models.md ('Field vocabular
 from __future__ import annotations
 
 from train.config import TaskConfig
-from train.data.cache.build import CacheInfo
+from train.data.cache.info import CacheInfo
 from train.errors import ConfigError
 from train.pdes import LAYOUTS
 

@@ -20,7 +20,8 @@ import torch
 from train.atomic import atomic_dir, write_json_atomic
 from train.checkpoint import CONFIG, MODEL, SPECS
 from train.config import migrate_model_keys
-from train.data.cache.build import CacheInfo, mapped_array
+from train.data.cache.cached_array import mapped_array
+from train.data.cache.info import CacheInfo
 from train.data.checksum import hash_file
 from train.data.dataset import LATENT_FORMAT, MANIFEST, TOKENS, LatentInfo, training_dataset
 from train.errors import ConfigError

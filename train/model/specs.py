@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from train.config import TaskConfig
-from train.data.cache.build import CacheInfo
+from train.data.cache.info import CacheInfo
 from train.data.dataset import LatentInfo
 from train.model.fields import task_fields
 

@@ -18,7 +18,6 @@ import logging
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,124 +27,22 @@ from train.atomic import atomic_dir, atomic_path, write_json_atomic
 from train.config import TaskConfig
 from train.data.acquire.sources import SplitFiles
 from train.data.cache import in_place
-from train.data.cache.cached_array import CachedArray, Field
-from train.data.cache.in_place import ChannelStats, Placed, file_identity, same_identity
+from train.data.cache.cached_array import mapped_array
+from train.data.cache.in_place import ChannelStats, Placed, file_identity
+from train.data.cache.info import CACHE_FORMAT, MANIFEST, CacheInfo, array_name, changed_mapped_sources
 from train.data.cache.running_stats import RunningStats
 from train.data.checksum import ALGORITHM, ChecksumMemo
 from train.data.formats import format_of, open_reader
 from train.data.formats.well_stats import published_moments
 from train.data.node_lock import node_lock
 from train.data.splits import SPLITS
-from train.disk import disk_full_error, reserve
 from train.errors import DataError, StopRequested
 from train.pdes import LAYOUTS
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 4  # 3: a split is a list of files, checksummed one by one; Well tasks. 4: raw values, in place
-MANIFEST = "manifest.json"
 CHECKSUMS = ".checksums.json"  # remembered source checksums, in the cache root
 LOCK = ".lock"
-
-
-def array_name(split: str, part: str = "") -> str:
-    """File of one cached array: ``part`` is '' (trajectories), 'x' or 'y' (steady inputs/targets) or 'const'
-    (a trajectory's constant channels)."""
-    return f"{split}_{part}.npy" if part else f"{split}.npy"
-
-
-@dataclass(frozen=True)
-class CacheInfo:
-    """What a finished cache holds; read from its manifest."""
-
-    path: Path
-    pde: str
-    autoregressive: bool
-    grid: tuple[int, ...]
-    n_frames: int
-    in_channels: int
-    out_channels: int
-    sizes: dict[str, int]
-    input_mean: tuple[float, ...]
-    input_std: tuple[float, ...]
-    target_mean: tuple[float, ...]
-    target_std: tuple[float, ...]
-    splits: dict[str, dict]
-    const_channels: int = 0
-    """Constant channels per trajectory (a Well task's constant fields and scalars), in ``<split>_const.npy``."""
-    const_mean: tuple[float, ...] = ()
-    const_std: tuple[float, ...] = ()
-    channels: tuple[str, ...] = ()
-    """Names of the trajectory channels, where the layout names them (The Well), then of the constant ones."""
-    boundary: tuple = ()
-    """Per spatial axis, the [lower, upper] boundary codes (The Well: WALL=0, OPEN=1, PERIODIC=2); () unknown."""
-    statistics: str = "train split"
-    """Where the normalising statistics came from: 'train split' or the dataset's 'stats.yaml'."""
-    in_place: dict | None = None
-    """Arrays mapped where they lie in the source files (train.data.cache.in_place): {"arrays": {file name: where},
-    "identity": {source: [size, mtime_ns, inode, ctime_ns]}}; None: every array is a .npy file of the cache."""
-
-    def moments(self, part: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """The mean and std that normalise ``part``: inputs ('' and 'x'), targets ('y') or constants."""
-        if part == "const":
-            return self.const_mean, self.const_std
-        return (self.target_mean, self.target_std) if part == "y" else (self.input_mean, self.input_std)
-
-    def array(self, split: str, part: str = "") -> CachedArray:
-        """One array, normalised as it is read: ``part`` is '' (trajectories), 'x' or 'y' (steady inputs/targets)
-        or 'const'. Indexing reads only the samples it selects; ``np.asarray`` reads all."""
-        name = array_name(split, part)
-        where = (self.in_place or {}).get("arrays", {}).get(name)
-        if where is None:
-            return CachedArray(*self.moments(part), npy=self.path / name)
-        fields = tuple(Field.from_record(f) for f in where["fields"])
-        return CachedArray(*self.moments(part), fields=fields, first=where["first"], count=where["count"])
-
-    @classmethod
-    def load(cls, path: Path) -> CacheInfo | None:
-        try:
-            meta = json.loads((path / MANIFEST).read_text())
-        except (OSError, ValueError):
-            return None
-        if meta.get("format") != CACHE_FORMAT:
-            return None
-        fields = {k: meta[k] for k in cls.__dataclass_fields__ if k != "path" and k in meta}
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
-        for source, identity in (meta.get("in_place") or {}).get("identity", {}).items():
-            try:
-                if not same_identity(identity, file_identity(source)):
-                    return None  # the mapped file changed since: its bytes are not the ones this cache describes
-            except OSError:
-                return None
-        return cls(path=path, **fields)
-
-    def source_checksums(self) -> dict[str, str]:
-        """Every source file this cache was built from (resolved path) with its content checksum: what a run
-        trained on it records in each checkpoint, and checks before it continues."""
-        meta = json.loads((self.path / MANIFEST).read_text())
-        return {
-            e["path"]: e[ALGORITHM] for record in meta.get("source", {}).values() for e in record.get("files", [record])
-        }
-
-    def changed_mapped_sources(self) -> list[str]:
-        """The source files this cache maps in place that were rewritten since it was built (see
-        :func:`changed_mapped_sources`)."""
-        return _changed((self.in_place or {}).get("identity", {}))
-
-    def trajectories(self, split: str, index: np.ndarray) -> np.ndarray:
-        """Trajectories ``index`` of ``split`` as the model reads them: (b, t, *grid, in_channels), every frame
-        followed by the trajectory's constant channels (none for PDEBench tasks)."""
-        traj = self.array(split)[index]
-        if not self.const_channels:
-            return traj
-        const = self.array(split, "const")[index]
-        return with_constants(traj, const)
-
-
-def with_constants(frames: np.ndarray, const: np.ndarray) -> np.ndarray:
-    """(b, t, *grid, c) frames and (b, *grid, c_const) constants -> (b, t, *grid, c + c_const)."""
-    const = np.broadcast_to(const[:, None], (*frames.shape[:-1], const.shape[-1]))
-    return np.concatenate([frames, const], axis=-1)
 
 
 def _as_files(source: Path | SplitFiles) -> SplitFiles:
@@ -213,7 +110,7 @@ def build_cache(name: str, task: TaskConfig, source: Path | SplitFiles, cache_ro
     with building_caches(cache_root):
         checksums = _checksums(cache_root, paths)
         final = cache_root / name / cache_key(task, checksums)
-        info = CacheInfo.load(final) or _repoint(final, paths)
+        info = CacheInfo.load(final, CACHE_FORMAT) or _repoint(final, paths)
         if info is not None:
             log.info("cache %s: up to date at %s", name, final)
         else:
@@ -242,7 +139,7 @@ def _repoint(final: Path, paths: dict[str, list[Path]]) -> CacheInfo | None:
     meta["in_place"]["identity"] = {file: file_identity(file) for file in sorted(files)}
     write_json_atomic(final / MANIFEST, meta)
     log.info("cache %s: its source files moved or were touched, their content unchanged; mapped where they are", final)
-    return CacheInfo.load(final)
+    return CacheInfo.load(final, CACHE_FORMAT)
 
 
 def _say_why_rebuilt(name: str, final: Path) -> None:
@@ -275,7 +172,7 @@ def _build(name: str, task: TaskConfig, files: SplitFiles, checksums: dict[str, 
     start = time.perf_counter()
     with atomic_dir(final) as tmp:
         _write(tmp, task, files, checksums)
-    info = CacheInfo.load(final)
+    info = CacheInfo.load(final, CACHE_FORMAT)
     if info is None:  # only a mapped source rewritten during the build makes a fresh cache unreadable
         changed = "; ".join(changed_mapped_sources(final)) or "its manifest is unreadable"
         shutil.rmtree(final, ignore_errors=True)
@@ -291,32 +188,6 @@ def _build(name: str, task: TaskConfig, files: SplitFiles, checksums: dict[str, 
         ", ".join(f"{k}={v}" for k, v in info.sizes.items()),
     )
     return info
-
-
-def changed_mapped_sources(folder: Path) -> list[str]:
-    """The source files the cache in ``folder`` maps in place that were rewritten since it was built, each said
-    with its size then and now: reading through the map then reads other bytes, or past a shrunken end dies
-    with SIGBUS. Read from the manifest, whatever the files are now."""
-    try:
-        meta = json.loads((Path(folder) / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return []
-    return _changed((meta.get("in_place") or {}).get("identity", {}))
-
-
-def _changed(identity: dict[str, list[int]]) -> list[str]:
-    changed = []
-    for source, recorded in identity.items():
-        size = recorded[0]
-        try:
-            now = file_identity(source)
-        except OSError as e:
-            changed.append(f"{source} ({e.strerror or e}; {size} bytes were mapped)")
-            continue
-        if not same_identity(recorded, now):
-            verb = "shrank" if now[0] < size else "was rewritten"
-            changed.append(f"{source} ({verb}: {size} bytes mapped, {now[0]} bytes now)")
-    return changed
 
 
 def window_index_name(split: str, initial_step: int, horizon: int = 1, stride: int = 1) -> str:
@@ -372,23 +243,6 @@ def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bo
                 )
             plan[split] = (reader, format_of(task.pde).own_range(task, split, reader.n_samples), False)
     return plan
-
-
-def mapped_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
-    """A float32 .npy file of ``shape``, memory-mapped for writing, its blocks allocated first: a write through
-    the map to a full disk would kill the process with SIGBUS, while the reservation fails with a DiskFullError
-    naming the file and the bytes it needs."""
-    array = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
-    try:
-        reserve(path)
-    except OSError as e:
-        full = disk_full_error(e, path, needed=path.stat().st_size)
-        if full is None:  # a file system that cannot allocate ahead: written as it comes, as before
-            log.debug("cache: %s could not be allocated ahead (%s)", path, e)
-            return array
-        del array
-        raise full from e
-    return array
 
 
 class NpyWriter:

@@ -17,10 +17,15 @@ and every process shares the OS page cache: one copy in RAM whatever the number 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from train.disk import disk_full_error, reserve
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -142,3 +147,20 @@ def _shift(index, first: int, count: int):
     if index.size and (index.min() < -count or index.max() >= count):
         raise IndexError(f"an index is out of bounds for {count} samples")
     return first + index % count
+
+
+def mapped_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 .npy file of ``shape``, memory-mapped for writing, its blocks allocated first: a write through
+    the map to a full disk would kill the process with SIGBUS, while the reservation fails with a DiskFullError
+    naming the file and the bytes it needs."""
+    array = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
+    try:
+        reserve(path)
+    except OSError as e:
+        full = disk_full_error(e, path, needed=path.stat().st_size)
+        if full is None:  # a file system that cannot allocate ahead: written as it comes, as before
+            log.debug("cache: %s could not be allocated ahead (%s)", path, e)
+            return array
+        del array
+        raise full from e
+    return array
