@@ -1,0 +1,67 @@
+"""Typed configuration: defaults in code, YAML and ``--set key=value`` on top, every key validated.
+
+The schema is a tree of frozen pydantic models. Unknown keys and wrong types are errors that name the
+key path (and the nearest valid key), so a typo never silently trains the wrong thing.
+
+One module per section (tasks, model, training, dist, run, cluster, obs) on the shared base in section.py; the
+whole config in root.py; reading and writing it in loading.py; a run's identity in identity.py. Import from here.
+"""
+
+from __future__ import annotations
+
+from train.config.cluster import SlurmConfig
+from train.config.dist import DistConfig
+from train.config.identity import run_identity, training_differences, training_view
+from train.config.loading import apply_override, flatten, load_config, parse_yaml, to_yaml, validate
+from train.config.model import (
+    BUILT_IN_MODELS,
+    LEGACY_TRANSFORMER_KEYS,
+    FNOConfig,
+    ModelConfig,
+    MultiphysicsConfig,
+    TransformerConfig,
+    UNetConfig,
+    migrate_model_keys,
+    model_keys_in_use,
+)
+from train.config.obs import ObsConfig, WandbConfig
+from train.config.root import Config
+from train.config.run import RunConfig
+from train.config.section import Section
+from train.config.tasks import DEFAULT_TEMPLATES, PDE, DatasetFilesConfig, TaskConfig, WellConfig
+from train.config.training import CompileConfig, TrainConfig
+
+__all__ = [
+    "BUILT_IN_MODELS",
+    "DEFAULT_TEMPLATES",
+    "LEGACY_TRANSFORMER_KEYS",
+    "PDE",
+    "CompileConfig",
+    "Config",
+    "DatasetFilesConfig",
+    "DistConfig",
+    "FNOConfig",
+    "ModelConfig",
+    "MultiphysicsConfig",
+    "ObsConfig",
+    "RunConfig",
+    "Section",
+    "SlurmConfig",
+    "TaskConfig",
+    "TrainConfig",
+    "TransformerConfig",
+    "UNetConfig",
+    "WandbConfig",
+    "WellConfig",
+    "apply_override",
+    "flatten",
+    "load_config",
+    "migrate_model_keys",
+    "model_keys_in_use",
+    "parse_yaml",
+    "run_identity",
+    "to_yaml",
+    "training_differences",
+    "training_view",
+    "validate",
+]
