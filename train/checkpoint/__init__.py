@@ -284,6 +284,16 @@ def checkpoint_for_evaluation(folder: Path) -> Path | None:
     return best_checkpoint(folder) or latest_checkpoint(folder)
 
 
+def why_chosen(path: Path) -> str:
+    """Why :func:`checkpoint_for_evaluation` chose ``path``, in words for a log line."""
+    if path.name in (BEST, BEST_SHARDED):
+        return "best.pt, the checkpoint of the best validation score"
+    return (
+        "the newest step checkpoint: the run wrote no best.pt (it had no validation data, val_fraction 0, or "
+        "validation never ran), so the last step's weights are its model"
+    )
+
+
 def archive_checkpoints(folder: Path) -> Path | None:
     """Move every checkpoint into checkpoints/archive-<UTC time>/ (resume=never): a fresh start loses nothing."""
     files = [*list_checkpoints(folder), *[p for p in (folder / BEST, folder / BEST_SHARDED) if _whole(p)]]

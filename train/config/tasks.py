@@ -53,8 +53,9 @@ class TaskConfig(Section):
     """Share of the training file carved out as test set when no test file exists: the FIRST samples of
     single-file datasets, the LAST groups of group-per-seed ones (PDEBench's conventions)."""
     val_fraction: float = Field(0.1, ge=0, lt=1)
-    """Share carved out for validation when no val file exists, next to the test share; 0 disables
-    validation."""
+    """Share carved out for validation when no val file exists, next to the test share; 0: no val split (a val
+    file, where the source has one, is still used): no validation, no best.pt, the last step's checkpoint is the
+    run's model."""
     batch_size: int = Field(32, ge=1)
     """Training samples per rank per step."""
     patch_size: int = Field(8, ge=1)

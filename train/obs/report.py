@@ -89,6 +89,8 @@ def _with_origins(splits: dict[str, dict], origins: dict[str, dict]) -> dict[str
     # another (an earlier name of it, another run's download) than the one this run read.
     order = ("train", "val", "test")
     ordered = sorted(splits, key=lambda split: order.index(split) if split in order else len(order))
+    # a split the run has none of (val_fraction 0) is not data it read: not listed
+    ordered = [split for split in ordered if splits[split]["samples"][0] != splits[split]["samples"][1]]
     return {split: {**splits[split], **origins.get(split, {})} for split in ordered}
 
 

@@ -29,6 +29,7 @@ from train.checkpoint import (
     USE_ADVICE,
     load_checkpoint,
     load_model_state,
+    why_chosen,
 )
 from train.config import ModelConfig, TrainConfig, migrate_model_keys
 from train.engine.objective import advance
@@ -104,6 +105,9 @@ class Surrogate:
         self.config = config
         """The run's resolved config, as data."""
         self.checkpoint = checkpoint
+        self.chosen = "as given"
+        """Why :meth:`load` took this checkpoint: best.pt's validation score, the last step (no best.pt), or as
+        given."""
         self.device = torch.device(device)
         self.precision = precision
         """The autocast dtype of the run's train.precision on this device (None: float32)."""
@@ -160,8 +164,11 @@ class Surrogate:
                 f"precision={requested!r}: choose one of {', '.join(PRECISIONS)} (default: the run's own)"
             )
         resolved = resolve_precision(requested, device)
-        log.info("loaded %s (model %s, tasks %s) on %s", path, model_cfg.name, ", ".join(tasks), device)
-        return cls(model.to(device), tasks, saved[CONFIG], path, device, resolved)
+        chosen = why_chosen(path) if checkpoint == "best" and Path(str(source)).is_dir() else "as given"
+        log.info("loaded %s (%s; model %s, tasks %s) on %s", path, chosen, model_cfg.name, ", ".join(tasks), device)
+        surrogate = cls(model.to(device), tasks, saved[CONFIG], path, device, resolved)
+        surrogate.chosen = chosen
+        return surrogate
 
     # -- using -----------------------------------------------------------------------------------------------
 

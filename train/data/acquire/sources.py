@@ -288,7 +288,9 @@ def _search(name: str, task: TaskConfig, location: str, data_dir: Path, b2_api) 
                     f"tasks.{name}: no train file found; tried:\n    {where}\n  (fix tasks.{name}.source, "
                     f"tasks.{name}.templates or tasks.{name}.files; the layout: {fmt.docs})"
                 )
-            if wanted is None:  # the format's convention: no file of this split, always carved
+            if split == "val" and task.val_fraction == 0:  # asked for: no validation, nothing carved
+                log.info("data %s: no val split (tasks.%s.val_fraction is 0): no validation", name, name)
+            elif wanted is None:  # the format's convention: no file of this split, always carved
                 log.info("data %s: the %s split is carved from the train file by %s", name, split, fmt.carving)
             else:
                 _warn(
@@ -359,7 +361,8 @@ def _with_provenance(found: _Found, task: TaskConfig, fetched: dict[Path, tuple]
                 origins[split] = entries[0]
     for split in SPLITS:
         if found.files.get(split) is None:
-            origins[split] = _carved_origin(task, split, origins["train"])
+            no_val = split == "val" and task.val_fraction == 0
+            origins[split] = {"origin": "none"} if no_val else _carved_origin(task, split, origins["train"])
     provenance = Provenance({split: origins[split] for split in SPLITS}, tuple(warnings))
     return replace(found.files, provenance=provenance)
 
