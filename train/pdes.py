@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+PERIODIC = 2
+"""The boundary code of a side that wraps around (The Well's codes: WALL 0, OPEN 1, PERIODIC 2), as TaskSpec and
+the caches record boundaries."""
+
 STYLES = ("single", "groups", "well", "fno_mat", "neuralop_pt", "pdearena")
 """Storage styles, one per row of the Format table (train.data.formats.FORMATS)."""
 
@@ -36,6 +40,11 @@ class Layout:
     generated_file: str | None = None
     """PDEBench's file name pattern of the family ({} is the coefficient); None: no generator. The generator's
     output adds its settings to it (train.data.acquire.generate.generated_filename)."""
+    periodic: bool = False
+    """Every spatial axis wraps around, as the family's published generator sets its boundary conditions
+    (PDEBench's advection, Burgers, reaction-diffusion and periodic CFD files; the FNO paper's Burgers and
+    Navier-Stokes): the models wrap those axes instead of padding them (TaskSpec.boundary). A Well dataset says
+    per axis in its files, a generic-array task in its config."""
     reference: dict = field(default_factory=dict)
     """The settings the family's published benchmark uses, as defaults a task may override: ``spatial_stride``
     (the reference sub-sampling), ``initial_step``, and the ``files`` section's ``train_file``, ``test_file``,
@@ -52,13 +61,15 @@ def _flow(spatial_dims: int, generated_file: str) -> Layout:
     """A compressible flow in PDEBench's single-file layout: density, pressure and one velocity per axis, each
     frame predicting the next."""
     fields = ("density", "pressure", *("Vx", "Vy", "Vz")[:spatial_dims])
-    return Layout(fields, fields, spatial_dims, True, generated_file=generated_file)
+    return Layout(fields, fields, spatial_dims, True, generated_file=generated_file, periodic=True)
 
 
 LAYOUTS = {
-    "advection1d": Layout(("tensor",), ("tensor",), 1, True, generated_file="1D_Advection_Sols_beta{}.hdf5"),
-    "burgers1d": Layout(("tensor",), ("tensor",), 1, True, generated_file="1D_Burgers_Sols_Nu{}.hdf5"),
-    "reacdiff1d": Layout(("tensor",), ("tensor",), 1, True),
+    "advection1d": Layout(
+        ("tensor",), ("tensor",), 1, True, generated_file="1D_Advection_Sols_beta{}.hdf5", periodic=True
+    ),
+    "burgers1d": Layout(("tensor",), ("tensor",), 1, True, generated_file="1D_Burgers_Sols_Nu{}.hdf5", periodic=True),
+    "reacdiff1d": Layout(("tensor",), ("tensor",), 1, True, periodic=True),
     "darcy2d": Layout(("nu",), ("tensor",), 2, False, generated_file="2D_DarcyFlow_beta{}_Train.hdf5"),
     "cfd1d": _flow(1, "1D_CFD_Advected_V{}_periodic_Train.hdf5"),
     "cfd2d": _flow(2, "2D_CFD_Advected_V{}_periodic_Train.hdf5"),
@@ -79,6 +90,7 @@ LAYOUTS = {
         False,
         "fno_mat",
         reference=dict(train_file="burgers_data_R10.mat", n_train=1000, n_test=100, spatial_stride=8),
+        periodic=True,
     ),
     "fno_darcy": Layout(
         ("coeff",),
@@ -101,11 +113,14 @@ LAYOUTS = {
         True,
         "fno_mat",
         reference=dict(train_file="ns_V1e-3_N5000_T50.mat", n_train=1000, n_test=200, initial_step=10),
+        periodic=True,
     ),
     # neuraloperator's {name}_{train|test}_{resolution}.pt (docs/neuralop-pt.md); Burgers' y is (n, t, x)
     "neuralop_darcy": Layout(("x",), ("y",), 2, False, "neuralop_pt", reference=dict(resolution=16)),
-    "neuralop_burgers": Layout(("y",), ("y",), 1, True, "neuralop_pt", reference=dict(resolution=16, initial_step=1)),
-    "neuralop_ns": Layout(("x",), ("y",), 2, False, "neuralop_pt", reference=dict(resolution=128)),
+    "neuralop_burgers": Layout(
+        ("y",), ("y",), 1, True, "neuralop_pt", reference=dict(resolution=16, initial_step=1), periodic=True
+    ),
+    "neuralop_ns": Layout(("x",), ("y",), 2, False, "neuralop_pt", reference=dict(resolution=128), periodic=True),
     # PDEArena's NavierStokes2D_{train|valid|test}_*.h5 (docs/pdearena.md): smoke density and velocity
     "pdearena_ns": Layout(("u", "vx", "vy"), ("u", "vx", "vy"), 2, True, "pdearena", reference=dict(initial_step=4)),
 }

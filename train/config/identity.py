@@ -63,6 +63,17 @@ _ADDED_LATER = {
     "model.multiphysics.steady_rows": False,
 }
 """Keys added after runs were tagged with their identity: at these defaults they leave a run's identity as it was."""
+_ADDED_LATER_TO_TASKS = {"periodic": None}
+"""The same, for a key of every task (``tasks.<name>.<key>``)."""
+
+
+def _added_later_at_default(key: str, value: Any) -> bool:
+    if key in _ADDED_LATER:
+        return value == _ADDED_LATER[key]
+    parts = key.split(".")
+    if len(parts) != 3 or parts[0] != "tasks" or parts[2] not in _ADDED_LATER_TO_TASKS:
+        return False
+    return value == _ADDED_LATER_TO_TASKS[parts[2]]
 
 
 def run_identity(cfg: Config) -> str:
@@ -73,6 +84,6 @@ def run_identity(cfg: Config) -> str:
     view = {
         key.replace("model.transformer.", "model.", 1): value
         for key, value in training_view(cfg).items()
-        if key not in _ADDED_LATER or value != _ADDED_LATER[key]
+        if not _added_later_at_default(key, value)
     }
     return hashlib.sha1(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]

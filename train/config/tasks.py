@@ -65,6 +65,12 @@ class TaskConfig(Section):
     sampling_weight: float = Field(1.0, ge=0)
     """Relative probability of drawing this task in a step (train.task_sampling=weighted only), multiplied by its
     size to the power train.sampling_alpha; 0 keeps the task out of training (it is still validated and tested)."""
+    periodic: bool | list[bool] | None = None
+    """Which spatial axes wrap around (the models then wrap them instead of padding): true or false for every
+    axis, or one flag per axis in the data's axis order. Default: what the data says, per axis in a Well file's
+    boundary conditions or a generic-array file's attributes, else the family's published boundary conditions
+    (train/pdes.py: periodic for PDEBench's advection, Burgers, reaction-diffusion and CFD). A setting that
+    contradicts the file is refused (exit 3)."""
     fields: list[str] | None = None
     """The physical name of each channel the model reads, in the data's channel order: a time-dependent task's
     channels (the predicted ones, then constant fields and scalars), a steady task's inputs then its outputs. The

@@ -209,8 +209,14 @@ class FNO(nn.Module):
         )
 
     def _coordinates(self, like: torch.Tensor) -> torch.Tensor:
-        """(batch, *grid, dims): each point's position in [0, 1] along each axis."""
-        axes = [torch.linspace(0, 1, n, device=like.device, dtype=like.dtype) for n in self.spec.grid]
+        """(batch, *grid, dims): each point's position along each axis, in [0, 1] (both ends on the grid), or in
+        [0, 1) on a periodic axis, whose end point is its first point again and so not on the grid."""
+        axes = [
+            torch.linspace(0, 1, n + 1, device=like.device, dtype=like.dtype)[:-1]
+            if wraps
+            else torch.linspace(0, 1, n, device=like.device, dtype=like.dtype)
+            for n, wraps in zip(self.spec.grid, self.spec.periodic, strict=True)
+        ]
         grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)
         return grid.expand(like.shape[0], *grid.shape)
 

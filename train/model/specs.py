@@ -14,7 +14,9 @@ import torch
 from train.config import TaskConfig
 from train.data.cache.info import CacheInfo
 from train.data.dataset import LatentInfo
+from train.errors import ConfigError, DataError
 from train.model.fields import task_fields
+from train.pdes import LAYOUTS, PERIODIC
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,37 @@ def task_spec(info: CacheInfo, task: TaskConfig, name: str) -> TaskSpec:
         initial_step=task.initial_step,
         autoregressive=info.autoregressive,
         frame_stride=task.window_stride,
-        boundary=tuple(tuple(int(c) for c in axis) for axis in info.boundary),
+        boundary=task_boundary(name, task, info),
         fields=task_fields(name, task, info),
     )
+
+
+def task_boundary(name: str, task: TaskConfig, info: CacheInfo) -> tuple[tuple[int, int], ...]:
+    """Per spatial axis, the (lower, upper) boundary codes the models honour: the data's own record (a Well
+    file's boundary conditions, a generic-array file's periodic axes), else the family's published ones
+    (train/pdes.py), else () unknown; ``tasks.<name>.periodic`` sets them where the data says nothing and must
+    agree where it does (DataError, exit 3, naming both)."""
+    dims = len(info.grid)
+    recorded = tuple(tuple(int(c) for c in axis) for axis in info.boundary)
+    if not recorded and LAYOUTS[info.pde].periodic:
+        recorded = ((PERIODIC, PERIODIC),) * dims
+    if task.periodic is None:
+        return recorded
+    wanted = [task.periodic] * dims if isinstance(task.periodic, bool) else list(task.periodic)
+    if len(wanted) != dims:
+        raise ConfigError(
+            f"tasks.{name}.periodic has {len(wanted)} flag(s), the data has {dims} spatial axes: give one per axis "
+            "or a single true/false"
+        )
+    if info.boundary:  # the file says: the setting may only repeat it
+        said = [lo == PERIODIC and hi == PERIODIC for lo, hi in recorded]
+        if said != wanted:
+            raise DataError(
+                f"tasks.{name}.periodic={wanted} contradicts the data ({info.path}: periodic axes {said}); remove "
+                f"the setting or fix the file"
+            )
+        return recorded
+    return tuple((PERIODIC, PERIODIC) if wraps else (0, 0) for wraps in wanted)
 
 
 @dataclass(frozen=True)
