@@ -78,9 +78,10 @@ def test_quick_models_benchmark_trains_every_model_and_objective_and_tabulates_t
     proc = bench(tmp_path, "models")
     result = json.loads((tmp_path / "models.json").read_text())
     assert [(e["model"], e["objective"]) for e in result["entries"]] == list(QUICK_ENTRIES)
-    assert {e[0] for e in QUICK_ENTRIES} == {e[0] for e in ENTRIES} and {e[1] for e in QUICK_ENTRIES} == {
-        e[1] for e in ENTRIES
-    }
+    # Every objective and every model but the local convolutional baselines, which only the full benchmark runs.
+    assert {e[0] for e in ENTRIES} - {e[0] for e in QUICK_ENTRIES} == {"conv", "resnet"}
+    assert {e[0] for e in QUICK_ENTRIES} <= {e[0] for e in ENTRIES}
+    assert {e[1] for e in QUICK_ENTRIES} == {e[1] for e in ENTRIES}
     assert result["setup"]["ranks"] == 1
     for e in result["entries"]:
         assert e["parameters"] > 1000 and e["step_time_s"] > 0 and e["steps"] == 8, e

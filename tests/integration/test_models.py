@@ -4,10 +4,12 @@ FNO, and bad factories stopped with exit 2 and a message that names the problem.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 
 import pytest
+import yaml
 
 from tests.helpers import REPO, folders, run_cli, startup_s
 from train.checkpoint import BEST, latest_checkpoint, load_checkpoint
@@ -176,6 +178,23 @@ def test_unet_trains_unrolled_through_torchrun_and_validates_by_rollout(tmp_path
     best = min(validations, key=lambda r: r["val_nrmse"])["step"]  # best.pt follows the rollout nRMSE
     assert load_checkpoint(tmp_path / "runs" / "tiny" / "checkpoints" / BEST)["progress"]["global_step"] == best
     assert list((tmp_path / "cache").glob("advection1d/*/train_windows_k4_h3.npy"))
+
+
+@pytest.mark.parametrize("model", ["conv", "resnet"])
+def test_the_local_convolutional_baselines_train_through_torchrun_on_1d_and_2d_tasks(tmp_path, model):
+    """The plain convolutional emulator and the ResNet at tiny width, one epoch by pushforward on the 1D advection
+    and the 2D Darcy task (2 gloo ranks): trained, evaluated and reported as every built-in model."""
+    proc = run_cli(
+        "run", *TINY, *folders(tmp_path), "--set", f"model.name={model}", "--set", f"model.{model}.width=8",
+        "--set", "train.epochs=1", "--set", "train.objective=pushforward", "--set", "train.rollout_steps=2",
+        timeout=120 * startup_s(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scores = summary(tmp_path)
+    assert set(scores) == {"advection1d", "darcy2d"}
+    assert all(math.isfinite(s["nrmse"]) for s in scores.values()), scores
+    saved = yaml.safe_load((tmp_path / "runs" / "tiny" / "config.yaml").read_text())["model"]
+    assert saved["name"] == model and saved[model]["width"] == 8
 
 
 def test_a_rollout_longer_than_the_data_is_a_config_error_naming_the_settings(tmp_path):

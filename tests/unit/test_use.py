@@ -22,6 +22,8 @@ SMALL = {
     "fno": {"fno": {"modes": 6, "width": 8, "layers": 2}},
     "unet": {"unet": {"init_features": 4}},
     "multiphysics": {"multiphysics": {"d_model": 16, "n_heads": 2, "n_layers": 1, "field_width": 4}},
+    "conv": {"conv": {"width": 8, "depth": 2, "kernel": 3}},
+    "resnet": {"resnet": {"width": 8, "blocks": 1, "kernel": 3, "norm": "group"}},
 }
 
 

@@ -2,11 +2,11 @@
 default data for the same wall-clock budget, then scored on the test split.
 
 Every entry is configs/default.yaml with model.name and train.objective set (each model with its own default
-settings), on 2 gloo ranks without torch.compile (--quick: one rank, each model and each objective once). An entry
-first runs a short calibration launch to measure its step time, then trains ``budget / step time`` steps (4 epochs,
-validated by rollout nRMSE after each, the best checkpoint evaluated) and reports its parameters, step time, steps
-done and test nRMSE per task. Entries run one after another: the machine's load shows up in every entry's step
-time, which the table records.
+settings), on 2 gloo ranks without torch.compile (--quick: one rank, each objective once and each model but the
+local convolutional baselines, conv and resnet, once). An entry first runs a short calibration launch to measure
+its step time, then trains ``budget / step time`` steps (4 epochs, validated by rollout nRMSE after each, the best
+checkpoint evaluated) and reports its parameters, step time, steps done and test nRMSE per task. Entries run one
+after another: the machine's load shows up in every entry's step time, which the table records.
 """
 
 from __future__ import annotations
@@ -41,8 +41,13 @@ ENTRIES = (
     ("fno", "unrolled"),
     ("unet", "one_step"),
     ("unet", "pushforward"),
+    ("conv", "one_step"),
+    ("conv", "pushforward"),
+    ("resnet", "one_step"),
+    ("resnet", "pushforward"),
 )
-# --quick checks the harness, not the figures: every model and every objective once, on one rank (each entry is a
+# --quick checks the harness, not the figures: every objective once and every model but the local convolutional
+# baselines (conv, resnet: the harness is the same for them, and CI's time is spent), on one rank (each entry is a
 # launch, and a launch's ranks importing torch cost most of a quick entry's CPU time).
 QUICK_ENTRIES = (("transformer", "one_step"), ("fno", "pushforward"), ("fno", "unrolled"), ("unet", "one_step"))
 QUICK_RANKS = 1

@@ -42,6 +42,62 @@ class UNetConfig(Section):
     prediction); time-dependent tasks only."""
 
 
+Activation = Literal["gelu", "relu", "silu", "tanh"]
+"""The nonlinearities a convolutional model may take."""
+
+
+class _Convolutional(Section):
+    """Settings of a local convolutional model (model.<section>): the kernel must be odd."""
+
+    section: ClassVar[str]
+
+    @pydantic.field_validator("kernel", check_fields=False)
+    @classmethod
+    def _odd_kernel(cls, kernel: int) -> int:
+        if kernel % 2 == 0:
+            raise ValueError(f"must be odd (a kernel centred on its point, as 3, 5 or 7), not {kernel}")
+        return kernel
+
+
+class ConvConfig(_Convolutional):
+    """A plain convolutional emulator per task: convolutions of one width, no normalisation."""
+
+    section = "conv"
+
+    width: int = Field(64, ge=1)
+    """Channels of every hidden convolution."""
+    depth: int = Field(4, ge=1)
+    """Hidden convolutions, each followed by the activation; a pointwise convolution then gives the output."""
+    kernel: int = Field(5, ge=1)
+    """Points of each hidden convolution along every axis; odd, so that the output is centred on its point."""
+    activation: Activation = "gelu"
+    """The nonlinearity after each hidden convolution: gelu, relu, silu or tanh."""
+    residual: bool = False
+    """Predict the change from the last input frame instead of the next frame itself (The Well's delta
+    prediction); time-dependent tasks only."""
+
+
+class ResNetConfig(_Convolutional):
+    """A ResNet per task: a pointwise lifting, residual blocks of two convolutions, a pointwise projection."""
+
+    section = "resnet"
+
+    width: int = Field(48, ge=1)
+    """Channels of the residual blocks."""
+    blocks: int = Field(4, ge=1)
+    """Residual blocks, each two convolutions with the activation after the first and after the sum."""
+    kernel: int = Field(3, ge=1)
+    """Points of each block's convolutions along every axis; odd, so that the output is centred on its point."""
+    activation: Activation = "gelu"
+    """The nonlinearity of the blocks: gelu, relu, silu or tanh."""
+    norm: Literal["none", "group"] = "none"
+    """Normalisation after each block convolution: 'none', or 'group', a group norm of one group (over the
+    channels and the grid of each sample, as PDEArena's ResNets)."""
+    residual: bool = False
+    """Predict the change from the last input frame instead of the next frame itself (The Well's delta
+    prediction); time-dependent tasks only."""
+
+
 class _Attention(Section):
     """Settings of a model of attention heads over d_model channels (model.<section>)."""
 
@@ -108,7 +164,7 @@ class TransformerConfig(_Attention):
     """Dropout inside the transformer blocks."""
 
 
-BUILT_IN_MODELS = ("transformer", "fno", "unet", "multiphysics")
+BUILT_IN_MODELS = ("transformer", "fno", "unet", "multiphysics", "conv", "resnet")
 """The built-in architectures; each reads its settings from model.<its name> (train.model.builtin's table)."""
 LEGACY_TRANSFORMER_KEYS = tuple(TransformerConfig.model_fields)
 """Keys the transformer read directly under ``model`` before it had a section of its own: still accepted there
@@ -143,9 +199,9 @@ def migrate_model_keys(model: Any, origin: str = "model") -> Any:
 
 class ModelConfig(Section):
     name: str = "transformer"
-    """The architecture: a built-in one (transformer, fno, unet, multiphysics: train/model/builtin.py's MODELS), or
-    your own factory as 'package.module:function' or 'path/to/file.py:function', called as
-    factory(specs, **model.args) (see docs/models.md)."""
+    """The architecture: a built-in one (transformer, fno, unet, multiphysics, conv, resnet:
+    train/model/builtin.py's MODELS), or your own factory as 'package.module:function' or
+    'path/to/file.py:function', called as factory(specs, **model.args) (see docs/models.md)."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of your own factory (built-in models take their settings from their own section)."""
     transformer: TransformerConfig = TransformerConfig()
@@ -157,6 +213,10 @@ class ModelConfig(Section):
     """Settings of model.name=unet."""
     multiphysics: MultiphysicsConfig = MultiphysicsConfig()
     """Settings of model.name=multiphysics."""
+    conv: ConvConfig = ConvConfig()
+    """Settings of model.name=conv."""
+    resnet: ResNetConfig = ResNetConfig()
+    """Settings of model.name=resnet."""
     shard_units: list[str] = []
     """With dist.parallel=fsdp or hsdp: the submodules sharded as one unit each (gathered for their forward,
     freed after), as module-name patterns ('blocks.*', 'encoder'). Default: a built-in model's own blocks (the

@@ -16,21 +16,23 @@ from torch import nn
 
 from train.config import (
     BUILT_IN_MODELS,
+    ConvConfig,
     FNOConfig,
     ModelConfig,
     MultiphysicsConfig,
+    ResNetConfig,
     Section,
     TransformerConfig,
     UNetConfig,
 )
-from train.model import multiphysics, multitask
+from train.model import conv, multiphysics, multitask
 from train.model.fno import FNO
 from train.model.specs import TaskSpec
 from train.model.unet import UNet
 
 
 class PerTask(nn.Module):
-    """One network per task (the built-in FNO and U-Net share nothing between tasks)."""
+    """One network per task (the built-in FNO, U-Net, conv and ResNet share nothing between tasks)."""
 
     def __init__(self, networks: dict[str, nn.Module]):
         super().__init__()
@@ -80,6 +82,20 @@ MODELS: dict[str, BuiltIn] = {
         "per-sample normalisation, attention over space and time",
         ("blocks.*",),
         multiphysics.check_specs,
+    ),
+    "conv": BuiltIn(
+        ConvConfig,
+        _per_task(conv.ConvNet),
+        "a plain convolutional emulator per task: convolutions of one width and kernel, no normalisation",
+        ("networks.*",),
+        conv.check_specs("conv"),
+    ),
+    "resnet": BuiltIn(
+        ResNetConfig,
+        _per_task(conv.ResNet),
+        "a ResNet per task: pointwise lifting, residual blocks of two convolutions, pointwise projection",
+        ("networks.*",),
+        conv.check_specs("resnet"),
     ),
 }
 assert tuple(MODELS) == BUILT_IN_MODELS, "the config validates model.name against these names"
