@@ -16,7 +16,7 @@ PERIODIC = 2
 """The boundary code of a side that wraps around (The Well's codes: WALL 0, OPEN 1, PERIODIC 2), as TaskSpec and
 the caches record boundaries."""
 
-STYLES = ("single", "groups", "well", "fno_mat", "neuralop_pt", "pdearena")
+STYLES = ("single", "groups", "well", "fno_mat", "neuralop_pt", "pdearena", "arrays")
 """Storage styles, one per row of the Format table (train.data.formats.FORMATS)."""
 
 
@@ -28,7 +28,8 @@ class Layout:
     array is [t, *space, channel]; ``channels`` is the channel count that array must have. "well": The Well's
     schema, a folder of files per split whose fields, dimensions and channels each file describes itself
     (``spatial_dims`` 0: read from the files). "fno_mat": the FNO paper's MATLAB files (v5 or v7.3), "neuralop_pt":
-    neuraloperator's torch.save dicts, "pdearena": PDEArena's HDF5 files, one per split and seed.
+    neuraloperator's torch.save dicts, "pdearena": PDEArena's HDF5 files, one per split and seed, "arrays": a
+    solver's own arrays in HDF5, .npy or .npz files, their channels, grid and periodic axes said per task.
     """
 
     inputs: tuple[str, ...]
@@ -82,6 +83,8 @@ LAYOUTS = {
     "shallowwater2d": Layout(("data",), ("data",), 2, True, "groups", 1),  # 2D_rdb_NA_NA.h5
     "diffsorp1d": Layout(("data",), ("data",), 1, True, "groups", 1),  # 1D_diff-sorp_NA_NA.h5
     "well": Layout((), (), 0, True, "well"),  # any dataset of The Well (tasks.<name>.well)
+    # your own solver's arrays (tasks.<name>.arrays, docs/arrays.md)
+    "arrays": Layout((), (), 0, True, "arrays", reference=dict(train_file="train.h5")),
     # The FNO paper's files (docs/fno-mat.md): a -> u at T=1; coeff -> sol; the first 10 recorded steps -> the rest
     "fno_burgers": Layout(
         ("a",),

@@ -10,6 +10,7 @@ import yaml
 
 from train.checkpoint import CONFIG, model_differences
 from train.config import (
+    ArraysConfig,
     CompileConfig,
     Config,
     ConvConfig,
@@ -536,6 +537,7 @@ def test_every_field_is_documented():
     sections = {c for c in below(Section) if not c.__name__.startswith("_")}
     assert sections == {
         TaskConfig,
+        ArraysConfig,
         DatasetFilesConfig,
         WellConfig,
         ModelConfig,

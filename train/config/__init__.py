@@ -30,7 +30,7 @@ from train.config.obs import ObsConfig, WandbConfig
 from train.config.root import Config
 from train.config.run import RunConfig
 from train.config.section import Section
-from train.config.tasks import DEFAULT_TEMPLATES, PDE, DatasetFilesConfig, TaskConfig, WellConfig
+from train.config.tasks import DEFAULT_TEMPLATES, PDE, ArraysConfig, DatasetFilesConfig, TaskConfig, WellConfig
 from train.config.training import CompileConfig, TrainConfig
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_TEMPLATES",
     "LEGACY_TRANSFORMER_KEYS",
     "PDE",
+    "ArraysConfig",
     "CompileConfig",
     "Config",
     "ConvConfig",

@@ -85,8 +85,12 @@ class TaskConfig(Section):
     well: WellConfig | None = None
     """The dataset and windows of a task in The Well's schema; required with pde: well, refused otherwise."""
     files: DatasetFilesConfig | None = None
-    """Which files and samples of a neural-operator dataset the task reads (pde: fno_*, neuralop_*, pdearena_*);
-    unset settings take the family's published benchmark values (docs/operator-formats.md)."""
+    """Which files and samples of a neural-operator dataset (pde: fno_*, neuralop_*, pdearena_*) or of generic
+    arrays (pde: arrays) the task reads; unset settings take the family's published benchmark values
+    (docs/operator-formats.md)."""
+    arrays: ArraysConfig | None = None
+    """How generic-array files hold the task's data (pde: arrays; default: trajectories under 'u', channels
+    last); refused for other families."""
 
     @pydantic.field_validator("fields")
     @classmethod
@@ -111,6 +115,15 @@ class TaskConfig(Section):
         fields = DatasetFilesConfig.model_fields
         unset = {k: v for k, v in reference.items() if k in fields and getattr(files, k) is None}
         object.__setattr__(self, "files", files.model_copy(update=unset))
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _check_arrays(self) -> TaskConfig:
+        if LAYOUTS[self.pde].style != "arrays":
+            if self.arrays is not None:
+                raise ValueError(f"'arrays' settings are for pde: arrays, not pde: {self.pde}; remove them")
+        elif self.arrays is None:
+            object.__setattr__(self, "arrays", ArraysConfig())
         return self
 
     @pydantic.model_validator(mode="after")
@@ -148,13 +161,16 @@ class TaskConfig(Section):
 
 
 class DatasetFilesConfig(Section):
-    """The files and samples of a neural-operator dataset (pde: fno_*, neuralop_*, pdearena_*); an unset
-    setting takes the family's published value (docs/operator-formats.md)."""
+    """The files and samples of a neural-operator dataset (pde: fno_*, neuralop_*, pdearena_*) or of generic
+    arrays (pde: arrays); an unset setting takes the family's published value (docs/operator-formats.md)."""
 
     train_file: str | None = None
     """The train file's name under the task's `source` folder or location (FNO: burgers_data_R10.mat,
     piececonst_r421_N1024_smooth1.mat, ns_V1e-3_N5000_T50.mat; neuraloperator: {name}_train_{resolution}.pt;
     PDEArena: every .h5 file with 'train' in its name)."""
+    val_file: str | None = None
+    """The validation file's name, where the dataset has one (pde: arrays); else validation is carved from the
+    train file (`val_fraction`)."""
     test_file: str | None = None
     """The test file's name (FNO Darcy: piececonst_r421_N1024_smooth2.mat; neuraloperator:
     {name}_test_{resolution}.pt; PDEArena: the files named 'test'); where the family has none, the test split is
@@ -167,6 +183,29 @@ class DatasetFilesConfig(Section):
     paper: 100 for Burgers and Darcy, 200 for Navier-Stokes); None: all of the test file, or `test_fraction`."""
     resolution: int | None = Field(None, ge=2)
     """neuraloperator's file resolution, the {res} of {name}_{split}_{res}.pt (Darcy 16 ... 421; nsforcing 128)."""
+
+
+class ArraysConfig(Section):
+    """How a generic-array file holds a task's data (pde: arrays; docs/arrays.md). Each setting may also be an
+    attribute of the file (HDF5 root attributes, or arrays of those names in an .npz); where both say, they must
+    agree (exit 3)."""
+
+    key: str = "u"
+    """The trajectories: an HDF5 dataset or .npz array (a .npy file is the array itself)."""
+    order: Literal["channels_last", "channels_first"] | None = None
+    """Where the channel axis is: (N, T, *X, C) or (N, T, C, *X) for trajectories, (N, *X, C) or (N, C, *X) for
+    steady pairs; None: the file's 'order' attribute, else channels_last. A single channel still has its axis."""
+    steady: bool = False
+    """Steady pairs, `input_key` -> `target_key` (Darcy-like problems), instead of trajectories under `key`."""
+    input_key: str = "x"
+    """A steady task's inputs."""
+    target_key: str = "y"
+    """A steady task's targets (the same grid and samples as the inputs)."""
+    extent: list[float] | None = None
+    """The domain's length along each spatial axis ([L], [Lx, Ly] ...): the grid's spacing is L/n on a periodic
+    axis (its end point is its first) and L/(n-1) on another; None: the file's 'extent' attribute, else 1."""
+    dt: float | None = Field(None, gt=0)
+    """Time between saved frames; None: the file's 'dt' attribute, else 1 (the report's time axis)."""
 
 
 class WellConfig(Section):

@@ -19,7 +19,7 @@ from train.data.formats import format_of
 from train.distributed.collectives import all_reduce_sum
 from train.distributed.env import DistEnv
 from train.engine.loss import task_loss
-from train.engine.metrics import ErrorSums, error_sums, field_scores, finish, nrmse_by_step
+from train.engine.metrics import ErrorSums, at_horizons, error_sums, field_scores, finish, nrmse_by_step
 from train.engine.objective import advance
 from train.engine.well_metrics import WellSums
 from train.errors import DataError
@@ -89,7 +89,7 @@ def evaluate_split(
         well = "well" in format_of(task.info.pde).metrics
         if task.spec.autoregressive:
             n, k, c = task.info.sizes[split], task.spec.initial_step, task.spec.out_channels
-            frames = len(range(0, task.info.n_frames, task.spec.frame_stride))
+            frames = len(range(0, task.info.frames(split), task.spec.frame_stride))  # to the split's own end
             sums = base = ErrorSums.zeros(frames - k, task.spec.grid, c)
             well_sums = WellSums.zeros(frames - k, c)
             for idx in _shard(n, env, batch_size):
@@ -122,6 +122,7 @@ def evaluate_split(
             "baseline_nrmse_by_field": base_fields["nrmse_by_field"],
             "n_samples": task.info.sizes[split],
             "nrmse_by_step": nrmse_by_step(sums),
+            "nrmse_at_step": at_horizons(nrmse_by_step(sums)),
             "baseline_nrmse_by_step": nrmse_by_step(base),
         }
         if well:

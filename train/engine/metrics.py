@@ -241,6 +241,17 @@ def field_scores(sums: ErrorSums, names: list[str]) -> dict:
     }
 
 
+HORIZONS = (1, 10, 50, 100, 200, 500)
+"""Rollout steps at which summary.json reports the nRMSE (those a split's trajectories reach), beside its mean."""
+
+
+def at_horizons(by_step: list[float]) -> dict[str, float]:
+    """The nRMSE at each of HORIZONS a rollout reaches, and at its last step: {"1": ..., "10": ..., "last": ...}."""
+    if len(by_step) < 2:  # a steady task or a one-step rollout: the mean says it all
+        return {}
+    return {**{str(h): by_step[h - 1] for h in HORIZONS if h <= len(by_step)}, "last": by_step[-1]}
+
+
 def nrmse_by_step(sums: ErrorSums) -> list[float]:
     """Reduced sums -> nRMSE of each predicted step (averaged over samples and channels): how the error grows
     over a rollout. Its mean over the steps is the nRMSE."""

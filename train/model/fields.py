@@ -47,7 +47,7 @@ def default_fields(task: TaskConfig, info: CacheInfo) -> tuple[str, ...]:
     """The names of the task's channels from its format: The Well's own channel names, else its layout's keys."""
     family = task.well.dataset if task.well is not None and task.well.dataset else task.pde
     layout = LAYOUTS[task.pde]
-    if info.channels and len(info.channels) == info.in_channels:
+    if info.channels and len(info.channels) == expected_count(info):
         keys = list(info.channels)
     elif info.autoregressive:
         keys = _expand(layout.targets, info.out_channels) + _expand(("constant",), info.const_channels)

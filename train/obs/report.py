@@ -116,6 +116,20 @@ def _origin(d: dict) -> str:
     return ""
 
 
+def _horizon_table(results: dict) -> list[str]:
+    """nRMSE at fixed rollout steps, to each split's own last step (summary.json: ``nrmse_at_step``)."""
+    rows = {name: r["nrmse_at_step"] for name, r in results.items() if r.get("nrmse_at_step")}
+    if not rows:
+        return []
+    steps = sorted({s for at in rows.values() for s in at if s != "last"}, key=int)
+    lines = ["", "nRMSE after so many rollout steps (to the trajectories' own end):", ""]
+    lines += ["| task | " + " | ".join(steps) + " | last step |", "|---|" + "---:|" * (len(steps) + 1)]
+    for name, at in rows.items():
+        cells = [_fmt(at.get(step)) for step in steps]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_fmt(at['last'])} |")
+    return lines
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -234,6 +248,7 @@ def _markdown(
         lines.append(f"| {name} | {model} | {model_cells} | {r['n_samples']} |")
         lines.append(f"| {name} | baseline | {base_cells} | {r['n_samples']} |")
     lines += _field_table(results)
+    lines += _horizon_table(results)
     if len(results) > 1:
         score = summary_score(results)
         lines += [

@@ -23,6 +23,7 @@ from pathlib import Path
 from train.atomic import sweep_stale_temporaries, write_json_atomic, write_text_atomic
 from train.config import Config, TaskConfig
 from train.data.acquire import download, generate
+from train.data.acquire.generate_arrays import generate_arrays
 from train.data.acquire.generate_fno import generate_fno
 from train.data.acquire.generate_neuralop import generate_neuralop
 from train.data.acquire.generate_pdearena import generate_pdearena
@@ -374,6 +375,9 @@ DEMO_GENERATORS = {
     # every solver step recorded: at the demo's coarse grid, the standard set's 6 time units between frames move
     # the smoke further than a small model learns from a few hundred trajectories (docs/pdearena.md)
     "pdearena": lambda folder, t: generate_pdearena(folder, t.n_samples, t.resolution, t.seed, sample_rate=1),
+    "arrays": lambda folder, t: generate_arrays(
+        folder, t.n_samples, t.resolution, t.seed, t.files.train_file, t.files.test_file
+    ),
 }
 """Storage style -> the demo dataset of source 'generate' written in that format into a folder, the paths it
 wrote (PDEBench's families generate one file each: train.data.acquire.generate)."""

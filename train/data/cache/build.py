@@ -37,7 +37,6 @@ from train.data.formats.well_stats import published_moments
 from train.data.node_lock import node_lock
 from train.data.splits import SPLITS
 from train.errors import DataError, StopRequested
-from train.pdes import LAYOUTS
 
 log = logging.getLogger(__name__)
 
@@ -209,11 +208,11 @@ def write_window_index(info: CacheInfo, initial_step: int, horizon: int = 1, str
     windows (e.g. frames a solver marked invalid) without any change to the readers.
     """
     assert info.autoregressive and info.n_frames >= window_span(initial_step, horizon, stride), "checked by the caller"
-    per_sample = info.n_frames - window_span(initial_step, horizon, stride) + 1
     for split in SPLITS:
         path = info.path / window_index_name(split, initial_step, horizon, stride)
         if path.is_file():
             continue
+        per_sample = info.frames(split) - window_span(initial_step, horizon, stride) + 1  # a longer split: more
         sample, start = np.divmod(np.arange(info.sizes[split] * per_sample, dtype=np.int64), per_sample)
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.save(f, np.stack([sample, start], axis=1).astype(np.int32))
@@ -230,10 +229,13 @@ def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bo
             plan[split] = (train, ranges[split], True)
         else:
             reader = open_reader(files.paths(split), task)
-            if (reader.grid, reader.n_frames) != (train.grid, train.n_frames):
+            # a val or test trajectory may run longer than the training ones (scored to its end), not shorter
+            longer = train.n_frames > 1 and reader.n_frames >= train.n_frames
+            if reader.grid != train.grid or not (longer or reader.n_frames == train.n_frames):
                 raise DataError(
                     f"{reader.path}: grid {reader.grid} x {reader.n_frames} frames differs from the train file "
-                    f"{train.path} ({train.grid} x {train.n_frames} frames); the splits must come from one dataset"
+                    f"{train.path} ({train.grid} x {train.n_frames} frames); the splits must come from one dataset "
+                    "(on the same grid; val and test trajectories may be longer than the training ones, not shorter)"
                 )
             theirs, ours = reader.describe(), train.describe()
             for key in sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k)):
@@ -297,8 +299,7 @@ def _copy(
 def _map_in_place(plan: dict, task: TaskConfig, shapes: dict) -> tuple[dict[str, ChannelStats], dict] | None:
     """Where every split's fields lie in their files, when all of them can be mapped in place
     (train.data.cache.in_place); then one read of them takes the train split's statistics. None: copy."""
-    layout = LAYOUTS[task.pde]
-    keys = {"": layout.targets} if layout.autoregressive else {"x": layout.inputs, "y": layout.targets}
+    keys = format_of(task.pde).array_keys(task)
     placed: dict[tuple[str, str], Placed] = {}
     for split in SPLITS:
         reader, samples, _ = plan[split]
@@ -306,11 +307,13 @@ def _map_in_place(plan: dict, task: TaskConfig, shapes: dict) -> tuple[dict[str,
             fields = in_place.locate(reader.path, part_keys, task)
             if fields is None:
                 return None
+            if len(fields) != len(part_keys):  # channels of one array: named by key and channel
+                part_keys = tuple(f"{part_keys[0]}[..., {f.channel}]" for f in fields)
             placed[split, part] = Placed(fields, samples.start, len(samples), part_keys)
-    stats = {part: ChannelStats(len(part_keys)) for part, part_keys in keys.items()}
+    stats = {part: ChannelStats(len(placed["train", part].fields)) for part in keys}
     for (split, part), where in placed.items():
         in_place.scan(where, stats[part] if split == "train" else None)
-        shapes[split, part] = (where.count, *where.fields[0].shape[1:], len(where.fields))
+        shapes[split, part] = (where.count, *where.fields[0].sample_shape, len(where.fields))
     files = {f.file for where in placed.values() for f in where.fields}
     record = {
         "arrays": {array_name(split, part): where.record() for (split, part), where in placed.items()},
@@ -350,6 +353,7 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
             "autoregressive": in_part == "",
             "grid": list(train.grid),
             "n_frames": train.n_frames,
+            "split_frames": {split: reader.n_frames for split, (reader, _, _) in plan.items()},
             "in_channels": shapes["train", in_part][-1] + const,
             "out_channels": shapes["train", out_part][-1],
             "sizes": {split: len(plan[split][1]) for split in SPLITS},

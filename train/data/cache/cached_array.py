@@ -30,18 +30,31 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Field:
-    """A float32 dataset in place in a source file: ``shape`` is its whole (N, *rest) shape."""
+    """A float32 dataset in place in a source file: ``shape`` is its whole (N, *rest) shape. ``channel``: the
+    field is channel ``channel`` of a dataset whose last axis holds the channels (a generic array, channels
+    last); None: the dataset is the field."""
 
     file: str
     offset: int
     shape: tuple[int, ...]
+    channel: int | None = None
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """One sample of the field, without the channel axis it shares with others."""
+        return self.shape[1:] if self.channel is None else self.shape[1:-1]
+
+    def pick(self, values: np.ndarray) -> np.ndarray:
+        """The field's values out of the dataset's (whole rows read from ``shape``)."""
+        return values if self.channel is None else values[..., self.channel]
 
     def record(self) -> dict:
-        return {"file": self.file, "offset": self.offset, "shape": list(self.shape)}
+        channel = {} if self.channel is None else {"channel": self.channel}
+        return {"file": self.file, "offset": self.offset, "shape": list(self.shape), **channel}
 
     @classmethod
     def from_record(cls, record: dict) -> Field:
-        return cls(record["file"], int(record["offset"]), tuple(record["shape"]))
+        return cls(record["file"], int(record["offset"]), tuple(record["shape"]), record.get("channel"))
 
 
 class CachedArray:
@@ -63,7 +76,7 @@ class CachedArray:
         if npy is not None:
             self._shape = tuple(np.load(npy, mmap_mode="r").shape)
         else:
-            self._shape = (count, *fields[0].shape[1:], len(fields))
+            self._shape = (count, *fields[0].sample_shape, len(fields))
         self._maps: tuple[np.ndarray, ...] | None = None
 
     @property
@@ -112,7 +125,7 @@ class CachedArray:
         if first is Ellipsis or len(rest) >= self.ndim - 1:  # an index reaching the channel axis: take it after
             return _owned(self.raw(slice(None))[index])
         rows = _shift(first, self.first, len(self))
-        picked = [m[(rows, *rest)] for m in maps]
+        picked = [f.pick(m[(rows, *rest)]) for f, m in zip(self.fields, maps, strict=True)]
         return _owned(picked[0][..., None]) if len(picked) == 1 else np.stack(picked, axis=-1)
 
     def __getitem__(self, index) -> np.ndarray:

@@ -52,7 +52,10 @@ def locate(path: Path, keys: tuple[str, ...], task: TaskConfig) -> tuple[Field, 
     whole = task.spatial_stride == 1 and (not layout.autoregressive or task.temporal_stride == 1)
     found = places(Path(path), keys, task) if places is not None and whole else None
     return (
-        tuple(Field(str(Path(file).resolve()), int(offset), tuple(shape)) for file, offset, shape in found or ())
+        tuple(
+            Field(str(Path(file).resolve()), int(offset), tuple(shape), *rest)
+            for file, offset, shape, *rest in found or ()
+        )
         or None
     )
 
@@ -130,8 +133,9 @@ def scan(placed: Placed, stats: ChannelStats | None) -> None:
                 raise item
             StopRequested.check()
             i, start, block = item
+            block = placed.fields[i].pick(block.reshape(-1, *placed.fields[i].shape[1:]))
             if not np.isfinite(block).all():
-                row = int(np.prod(placed.fields[i].shape[1:]))
+                row = int(np.prod(placed.fields[i].sample_shape))
                 bad = start + int(np.flatnonzero(~np.isfinite(block))[0]) // row
                 name = placed.fields[i].file
                 raise DataError(f"{name}: non-finite values (NaN/Inf) in '{placed.keys[i]}' at sample {bad}")

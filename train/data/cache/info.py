@@ -5,7 +5,7 @@ importing how one is built."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,14 +46,22 @@ class CacheInfo:
     const_mean: tuple[float, ...] = ()
     const_std: tuple[float, ...] = ()
     channels: tuple[str, ...] = ()
-    """Names of the trajectory channels, where the layout names them (The Well), then of the constant ones."""
+    """Names of the trajectory channels, where the layout names them (The Well, generic arrays), then of the
+    constant ones; a steady task's inputs, then its outputs."""
     boundary: tuple = ()
     """Per spatial axis, the [lower, upper] boundary codes (The Well: WALL=0, OPEN=1, PERIODIC=2); () unknown."""
+    split_frames: dict[str, int] = field(default_factory=dict)
+    """Frames of each split's trajectories where a val or test file's run longer than the training ones
+    (scored to their end); {} or a split missing: ``n_frames``."""
     statistics: str = "train split"
     """Where the normalising statistics came from: 'train split' or the dataset's 'stats.yaml'."""
     in_place: dict | None = None
     """Arrays mapped where they lie in the source files (train.data.cache.in_place): {"arrays": {file name: where},
     "identity": {source: [size, mtime_ns, inode, ctime_ns]}}; None: every array is a .npy file of the cache."""
+
+    def frames(self, split: str) -> int:
+        """Saved frames of a trajectory of ``split`` (a val or test file's may exceed the training ones')."""
+        return self.split_frames.get(split, self.n_frames)
 
     def moments(self, part: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """The mean and std that normalise ``part``: inputs ('' and 'x'), targets ('y') or constants."""

@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from train.config import TaskConfig
-from train.data.formats import fno_mat, neuralop_pt, pdearena, pdebench, well
+from train.data.formats import arrays, fno_mat, neuralop_pt, pdearena, pdebench, well
 from train.data.splits import split_ranges
 from train.errors import DataError
 from train.pdes import LAYOUTS, Layout
@@ -50,6 +50,13 @@ class Reader(Protocol):
     def describe(self) -> dict: ...
 
     def close(self) -> None: ...
+
+
+def layout_keys(task: TaskConfig) -> dict[str, tuple[str, ...]]:
+    """The cache's parts and the keys each is read from, as the registry says: {"": targets} for trajectories,
+    {"x": inputs, "y": targets} for steady pairs."""
+    layout = LAYOUTS[task.pde]
+    return {"": layout.targets} if layout.autoregressive else {"x": layout.inputs, "y": layout.targets}
 
 
 Locate = Callable[["object", str, TaskConfig, str], list[str]]
@@ -96,6 +103,9 @@ class Format:
     """(file, keys, task) -> where each key's samples lie in the file when its bytes are what the cache would hold
     (plain float32, samples first), so the cache maps them instead of copying (train.data.cache.in_place);
     None: always copied."""
+    array_keys: Callable[[TaskConfig], dict[str, tuple[str, ...]]] = layout_keys
+    """(task) -> the cache's parts and the keys they are read from, for mapping them in place (the registry's;
+    a generic-array task's from its settings)."""
     metrics: tuple[str, ...] = ("pdebench",)
     """The metric families evaluation reports: "pdebench" (PDEBench's metrics and the relative L2,
     train.engine.metrics) for every format, "well" (The Well's VRMSE, windowed and rolled out) for its datasets."""
@@ -225,6 +235,24 @@ FORMATS: dict[str, Format] = {
         write_back=pdearena.write_predictions,
         docs="docs/pdearena.md",
         **_OPERATOR,
+    ),
+    "arrays": Format(
+        open=arrays.open_arrays,
+        locate=_any_name(arrays.locate_arrays),
+        looks_for=_named(
+            lambda task, split: {
+                "train": task.files.train_file,
+                "val": task.files.val_file,
+                "test": task.files.test_file,
+            }.get(split)
+        ),
+        carving="the train file's samples in order: train, val, test (val_fraction, test_fraction)",
+        ranges=_pdebench_ranges(False),
+        in_place=arrays.plain_channels,
+        array_keys=arrays.parts_keys,
+        assumed_channels=lambda layout: (4, 4),  # said per task or in the files: a guess for the estimates
+        write_back=arrays.write_predictions,
+        docs="docs/arrays.md",
     ),
 }
 """Storage style (``pdes.Layout.style``) -> its Format."""
