@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import random
 import re
 import shutil
+import signal
 
 import pytest
 import yaml
 
-from tests.helpers import REPO, folders, run_cli, startup_s
+from tests.farm import LONG, final_weights
+from tests.helpers import REPO, assert_bitwise_equal, folders, run_cli, startup_s
+from tests.integration.test_faults import rank_pid, start, wait_for_step
 from train.checkpoint import BEST, latest_checkpoint, load_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -182,19 +187,31 @@ def test_unet_trains_unrolled_through_torchrun_and_validates_by_rollout(tmp_path
 
 @pytest.mark.parametrize("model", ["conv", "resnet"])
 def test_the_local_convolutional_baselines_train_through_torchrun_on_1d_and_2d_tasks(tmp_path, model):
-    """The plain convolutional emulator and the ResNet at tiny width, one epoch by pushforward on the 1D advection
-    and the 2D Darcy task (2 gloo ranks): trained, evaluated and reported as every built-in model."""
-    proc = run_cli(
-        "run", *TINY, *folders(tmp_path), "--set", f"model.name={model}", "--set", f"model.{model}.width=8",
-        "--set", "train.epochs=1", "--set", "train.objective=pushforward", "--set", "train.rollout_steps=2",
-        timeout=120 * startup_s(),
-    )  # fmt: skip
+    """The plain convolutional emulator and the ResNet at tiny width, by pushforward on the 1D advection and the 2D
+    Darcy task (2 gloo ranks): trained, evaluated and reported as every built-in model. The plain one also with
+    rank 1 SIGKILLed at a random step: the group restarts from the newest checkpoint and ends bitwise equal."""
+    settings = [f"model.name={model}", f"model.{model}.width=8", "train.objective=pushforward", "train.rollout_steps=2"]
+    settings = [arg for setting in settings for arg in ("--set", setting)]
+    length = [*LONG[:6], "--set", "train.log_every=1"] if model == "conv" else ["--set", "train.epochs=1"]
+    proc = run_cli("run", *TINY, "--nproc", "2", *folders(tmp_path), *settings, *length, timeout=120 * startup_s())
     assert proc.returncode == 0, proc.stderr[-3000:]
     scores = summary(tmp_path)
     assert set(scores) == {"advection1d", "darcy2d"}
     assert all(math.isfinite(s["nrmse"]) for s in scores.values()), scores
     saved = yaml.safe_load((tmp_path / "runs" / "tiny" / "config.yaml").read_text())["model"]
     assert saved["name"] == model and saved[model]["width"] == 8
+    if model == "resnet":
+        return
+    killed_at = random.Random().randrange(12, 120)
+    print(f"SIGKILL to rank 1 at step {killed_at}")
+    restarts = ["--set", "dist.max_restarts=3", "--set", "dist.timeout_s=30"]
+    job = start(tmp_path, "killed", *settings, *restarts)
+    seen = wait_for_step(job, tmp_path / "runs" / "killed" / "metrics.jsonl", killed_at)
+    os.kill(rank_pid(job.pid, 1), signal.SIGKILL)
+    _, err = job.communicate(timeout=120 * startup_s())
+    assert job.returncode == 0, err[-3000:]
+    assert "resumed from" in (tmp_path / "runs" / "killed" / "logs" / "rank0.log").read_text(), f"killed after {seen}"
+    assert_bitwise_equal(final_weights(tmp_path / "runs" / "killed"), final_weights(tmp_path / "runs" / "tiny"))
 
 
 def test_a_rollout_longer_than_the_data_is_a_config_error_naming_the_settings(tmp_path):
