@@ -73,11 +73,19 @@ def test_quick_trainer_benchmark_writes_every_figure(tmp_path):
 
 
 def test_quick_models_benchmark_trains_every_model_and_objective_and_tabulates_them(tmp_path):
-    from train.bench.models import ENTRIES, QUICK_ENTRIES
+    from train.bench.models import ENTRIES, QUICK_ENTRIES, QUICK_OWN_ENTRIES
 
     proc = bench(tmp_path, "models")
     result = json.loads((tmp_path / "models.json").read_text())
-    assert [(e["model"], e["objective"]) for e in result["entries"]] == list(QUICK_ENTRIES)
+    entries = [(e["data"], e["model"], e["objective"]) for e in result["entries"]]
+    assert entries == [("default", *e) for e in QUICK_ENTRIES] + [("own-data", *e) for e in QUICK_OWN_ENTRIES]
+    own = result["entries"][-1]  # the generic arrays' periodic 1D task: its rollout scored at fixed steps
+    assert set(own["nrmse"]) == {"ks"} and set(own["nrmse_at_step"]["ks"]) == {"1", "10", "50", "100", "200", "last"}
+    assert (
+        result["best"]["own-data"]["ks"]["model"] == "fno"
+        and "Best at equal wall time: ks: fno one_step" in (tmp_path / "models.md").read_text()
+    )
+    result["entries"] = result["entries"][: len(QUICK_ENTRIES)]
     # Every objective and every model but the local convolutional baselines, which only the full benchmark runs.
     assert {e[0] for e in ENTRIES} - {e[0] for e in QUICK_ENTRIES} == {"conv", "resnet"}
     assert {e[0] for e in QUICK_ENTRIES} <= {e[0] for e in ENTRIES}
@@ -91,9 +99,8 @@ def test_quick_models_benchmark_trains_every_model_and_objective_and_tabulates_t
     assert len({e["parameters"] for e in result["entries"]}) == 3
     table = (tmp_path / "models.md").read_text()
     assert "PDEBench FNO, published" in table and table in proc.stdout
-    assert sum(line.startswith(("| fno", "| unet", "| transformer")) for line in table.splitlines()) == len(
-        QUICK_ENTRIES
-    )
+    rows = [line for line in table.splitlines() if line.startswith(("| fno", "| unet", "| transformer"))]
+    assert sum(" ms |" in line for line in rows) == len(QUICK_ENTRIES) + len(QUICK_OWN_ENTRIES)  # the step times
 
 
 def test_quick_remote_benchmark_mirrors_checkpoints_and_writes_the_ratio(tmp_path):
