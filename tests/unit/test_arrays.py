@@ -98,17 +98,36 @@ BAD = {
     "a missing channel axis": ({"u": np.zeros((4, 5, 16), np.float32)}, {}, {}, r"'u' has shape \(4, 5, 16\)"),
     "four spatial axes": ({"u": np.zeros((4, 5, 2, 2, 2, 2, 1), np.float32)}, {}, {}, "1 to 3 spatial axes"),
     "names for other channels": (
-        {"u": np.zeros((4, 5, 16, 2), np.float32)}, {}, {"fields": ["u"]}, r"1 field name\(s\) \['u'\] for 2"),
-    "a NaN": ({"u": np.where(np.arange(16) == 3, np.nan, 0).astype(np.float32)[None, None, :, None].repeat(
-        4, 0).repeat(5, 1)}, {}, {}, r"non-finite values \(NaN/Inf\) in 'u' at sample 0"),
+        {"u": np.zeros((4, 5, 16, 2), np.float32)},
+        {},
+        {"fields": ["u"]},
+        r"1 field name\(s\) \['u'\] for 2",
+    ),
+    "a NaN": (
+        {
+            "u": np.where(np.arange(16) == 3, np.nan, 0)
+            .astype(np.float32)[None, None, :, None]
+            .repeat(4, 0)
+            .repeat(5, 1)
+        },
+        {},
+        {},
+        r"non-finite values \(NaN/Inf\) in 'u' at sample 0",
+    ),
     "the file's dt against the config's": (
-        {"u": np.zeros((4, 5, 16, 1), np.float32)}, {"dt": 0.5}, {"arrays": {"dt": 0.1}},
-        r"attribute dt=0.5 contradicts tasks.<name>.arrays.dt=0.1"),
+        {"u": np.zeros((4, 5, 16, 1), np.float32)},
+        {"dt": 0.5},
+        {"arrays": {"dt": 0.1}},
+        r"attribute dt=0.5 contradicts tasks.<name>.arrays.dt=0.1",
+    ),
     "the file's periodic axes against the config's": (
-        {"u": np.zeros((4, 5, 16, 1), np.float32)}, {"periodic": [True]}, {"periodic": False},
-        r"attribute periodic=\[True\] contradicts tasks.<name>.periodic=\[False\]"),
+        {"u": np.zeros((4, 5, 16, 1), np.float32)},
+        {"periodic": [True]},
+        {"periodic": False},
+        r"attribute periodic=\[True\] contradicts tasks.<name>.periodic=\[False\]",
+    ),
     "a key the file lacks": ({"v": np.zeros((4, 5, 16, 1), np.float32)}, {}, {}, r"no array 'u' \(arrays: \['v'\]\)"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", BAD)

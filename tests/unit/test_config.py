@@ -607,9 +607,13 @@ def test_the_fine_tuning_recipes_settings_keep_an_earlier_multiphysics_runs_iden
     later_in_tasks = (".periodic",)  # tasks.<name>.periodic
     earlier = {k: v for k, v in training_view(cfg).items() if k not in later and not k.endswith(later_in_tasks)}
     assert run_identity(cfg) == hashlib.sha1(json.dumps(earlier, sort_keys=True).encode()).hexdigest()[:16]
-    for change in ("model.multiphysics.output=increment", "model.multiphysics.steady_rows=true",
-                   "train.lr_groups={trunk: 0.1}", "train.init_reset={field_out: zero}",
-                   f"tasks.{next(iter(cfg.tasks))}.periodic=true"):  # fmt: skip
+    for change in (
+        "model.multiphysics.output=increment",
+        "model.multiphysics.steady_rows=true",
+        "train.lr_groups={trunk: 0.1}",
+        "train.init_reset={field_out: zero}",
+        f"tasks.{next(iter(cfg.tasks))}.periodic=true",
+    ):
         assert run_identity(load_config(minimal, ["model.name=multiphysics", change])) != run_identity(cfg), change
 
 

@@ -24,9 +24,10 @@ SPECS = {
     "1d": TaskSpec(grid=(32,), in_channels=3, out_channels=2, patch_size=4, initial_step=2, autoregressive=True),
     "2d": TaskSpec(grid=(12, 10), in_channels=1, out_channels=1, patch_size=2, initial_step=3, autoregressive=True),
     "3d": TaskSpec(grid=(6, 5, 4), in_channels=2, out_channels=2, patch_size=1, initial_step=1, autoregressive=True),
-    "steady": TaskSpec(grid=(12, 10), in_channels=2, out_channels=1, patch_size=2, initial_step=1,
-                       autoregressive=False),
-}  # fmt: skip
+    "steady": TaskSpec(
+        grid=(12, 10), in_channels=2, out_channels=1, patch_size=2, initial_step=1, autoregressive=False
+    ),
+}
 
 
 def inputs(spec: TaskSpec, batch: int = 2, seed: int = 0) -> torch.Tensor:
@@ -102,8 +103,9 @@ def test_built_from_a_config_file_with_its_section_and_refused_with_a_wrong_sett
     model = build_model({"advection1d": spec}, cfg.model)
     assert [m.conv.out_channels for m in model.networks["advection1d"].layers if hasattr(m, "conv")] == [6]
     cfg = load_config(REPO / "configs" / "tiny.yaml", ["model.name=resnet", "model.resnet.activation=silu"])
-    assert isinstance(build_model({"advection1d": spec}, cfg.model).networks["advection1d"].blocks[0].act,
-                      torch.nn.SiLU)  # fmt: skip
+    assert isinstance(
+        build_model({"advection1d": spec}, cfg.model).networks["advection1d"].blocks[0].act, torch.nn.SiLU
+    )
     with pytest.raises(Exception, match="must be odd"):
         ModelConfig.model_validate({"name": "conv", "conv": {"kernel": 4}})
     with pytest.raises(Exception, match="gelu"):

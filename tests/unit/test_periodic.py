@@ -18,15 +18,21 @@ from train.pdes import PERIODIC
 
 
 def _info(pde: str, grid: tuple[int, ...], boundary: tuple = ()) -> CacheInfo:
-    return CacheInfo(Path("/data/cache"), pde, True, grid, 9, 1, 1, {}, (0.0,), (1.0,), (0.0,), (1.0,), {},
-                     boundary=boundary)  # fmt: skip
+    return CacheInfo(
+        Path("/data/cache"), pde, True, grid, 9, 1, 1, {}, (0.0,), (1.0,), (0.0,), (1.0,), {}, boundary=boundary
+    )
 
 
 @pytest.mark.parametrize(
     ("pde", "grid", "periodic"),
-    [("advection1d", (32,), (True,)), ("burgers1d", (32,), (True,)), ("cfd2d", (8, 8), (True, True)),
-     ("diffsorp1d", (32,), (False,)), ("shallowwater2d", (8, 8), (False, False))],
-)  # fmt: skip
+    [
+        ("advection1d", (32,), (True,)),
+        ("burgers1d", (32,), (True,)),
+        ("cfd2d", (8, 8), (True, True)),
+        ("diffsorp1d", (32,), (False,)),
+        ("shallowwater2d", (8, 8), (False, False)),
+    ],
+)
 def test_a_familys_published_boundary_conditions_reach_the_spec(pde, grid, periodic):
     task = TaskConfig(pde=pde, patch_size=4)
     assert task_spec(_info(pde, grid), task, "t").periodic == periodic
