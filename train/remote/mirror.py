@@ -146,25 +146,8 @@ class RunMirror:
             )
             return False
         shutil.rmtree(self._staging, ignore_errors=True)
-        if self.ahead is not None:
-            log.warning(
-                "remote: %s was left as it was: it holds %s, newer than this folder's newest (%s)",
-                self.remote.url,
-                self.ahead["name"],
-                newest.name if newest is not None else "none",
-            )
+        if not self._reached(newest):
             return False
-        if newest is not None:
-            there, why = self._remote_newest()
-            if there != newest.name:
-                log.warning(
-                    "remote: %s did not reach %s (%s); the newest checkpoint its pointer names is %s",
-                    newest.name,
-                    self.remote.url,
-                    why or self._why_not(newest.name),
-                    there,
-                )
-                return False
         log.info(
             "remote: %s holds the run%s (%.0f s)",
             self.remote.url,
@@ -174,6 +157,31 @@ class RunMirror:
         if self._given_up:
             log.warning("remote: not mirrored: %s (see the warnings above)", ", ".join(sorted(self._given_up)))
         return not self._given_up
+
+    def _reached(self, newest: Path | None) -> bool:
+        """Whether the remote, read back, names ``newest`` as its newest checkpoint; a remote left as it was
+        (holding a newer one) or short of it is said with why."""
+        if self.ahead is not None:
+            log.warning(
+                "remote: %s was left as it was: it holds %s, newer than this folder's newest (%s)",
+                self.remote.url,
+                self.ahead["name"],
+                newest.name if newest is not None else "none",
+            )
+            return False
+        if newest is None:
+            return True
+        there, why = self._remote_newest()
+        if there != newest.name:
+            log.warning(
+                "remote: %s did not reach %s (%s); the newest checkpoint its pointer names is %s",
+                newest.name,
+                self.remote.url,
+                why or self._why_not(newest.name),
+                there,
+            )
+            return False
+        return True
 
     def _remote_newest(self) -> tuple[str | None, str | None]:
         """The checkpoint the remote's own pointer names (read back, not remembered), and why it could not be

@@ -175,29 +175,11 @@ def predict_file(
     """Predict ``input_path`` with the model of ``source`` into ``output``; returns the scores (or None when the
     input holds no true frames for the predicted ones) and writes them beside the output as JSON."""
     input_path, output = Path(input_path), Path(output)
-    if input_path.resolve() == output.resolve():
-        raise ConfigError(f"--output {output} is the input file; write the predictions to another file")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ConfigError(f"--steps {steps}: give the number of frames to predict, 1 or more")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"--batch-size {batch_size}: give the trajectories per forward pass, 1 or more")
-    check_output(output, "--output", folder=False)  # before the model runs, not after every prediction
+    _check_arguments(input_path, output, steps, batch_size)
     model = Surrogate.load(source, checkpoint=checkpoint, device=device, factory=factory)
     card, reader = choose_task(model, input_path, task)
     k, n = card.spec.initial_step, reader.n_samples
-    if card.spec.autoregressive:
-        steps = reader.n_frames - k if steps is None else steps
-        if steps < 1:
-            raise ConfigError(
-                f"{input_path} holds only the {k} initial frame(s) of each trajectory: give --steps N, the frames "
-                "to predict"
-            )
-        truth = min(steps, reader.n_frames - k)
-        frames = k + steps
-    else:
-        if steps is not None:
-            raise ConfigError(f"--steps: task {card.name} is steady (no time axis); leave --steps out")
-        truth, frames = 1, 1
+    steps, truth, frames = _horizon(card, reader, steps, input_path)
     made = {"checkpoint": str(model.checkpoint), "task": card.name, "steps": steps or 0, "input": str(input_path)}
     write_back = format_of(card.pde).write_back
     with contextlib.ExitStack() as stack:
@@ -231,6 +213,34 @@ def predict_file(
         scores = {**finish(sums), "nrmse_by_step": nrmse_by_step(sums), "n_samples": n, "frames_scored": truth}
         write_json_atomic(scores_path(output), {card.name: scores})
     return scores
+
+
+def _check_arguments(input_path: Path, output: Path, steps: int | None, batch_size: int) -> None:
+    """The command's own arguments, and the output's place, checked before the model is loaded."""
+    if input_path.resolve() == output.resolve():
+        raise ConfigError(f"--output {output} is the input file; write the predictions to another file")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ConfigError(f"--steps {steps}: give the number of frames to predict, 1 or more")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"--batch-size {batch_size}: give the trajectories per forward pass, 1 or more")
+    check_output(output, "--output", folder=False)  # before the model runs, not after every prediction
+
+
+def _horizon(card, reader, steps: int | None, input_path: Path) -> tuple[int | None, int, int]:
+    """(frames to predict, of them those the input holds the truth of, frames written): a rollout to the
+    input's end by default, or ``steps`` frames; a steady task predicts one field."""
+    k = card.spec.initial_step
+    if not card.spec.autoregressive:
+        if steps is not None:
+            raise ConfigError(f"--steps: task {card.name} is steady (no time axis); leave --steps out")
+        return None, 1, 1
+    steps = reader.n_frames - k if steps is None else steps
+    if steps < 1:
+        raise ConfigError(
+            f"{input_path} holds only the {k} initial frame(s) of each trajectory: give --steps N, the frames "
+            "to predict"
+        )
+    return steps, min(steps, reader.n_frames - k), k + steps
 
 
 def scores_path(output: Path) -> Path:

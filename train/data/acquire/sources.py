@@ -281,24 +281,7 @@ def _search(name: str, task: TaskConfig, location: str, data_dir: Path, b2_api) 
         names = [check_name(n) for n in fmt.locate(store, name, task, split)]
         if not names:
             found[split] = None
-            wanted = fmt.looks_for(name, task, split)
-            tried = [f"{store.url.rstrip('/')}/{w}" for w in wanted or []]
-            if split == "train":
-                where = "\n    ".join(tried)
-                raise DataError(
-                    f"tasks.{name}: no train file found; tried:\n    {where}\n  (fix tasks.{name}.source, "
-                    f"tasks.{name}.templates or tasks.{name}.files; the layout: {fmt.docs})"
-                )
-            if split == "val" and task.val_fraction == 0:  # asked for: no validation, nothing carved
-                log.info("data %s: no val split (tasks.%s.val_fraction is 0): no validation", name, name)
-            elif wanted is None:  # the format's convention: no file of this split, always carved
-                log.info("data %s: the %s split is carved from the train file by %s", name, split, fmt.carving)
-            else:
-                _warn(
-                    warnings,
-                    f"data {name}: no {split} file (tried {', '.join(tried)}); carving it from the train "
-                    f"file by {fmt.carving}",
-                )
+            _no_file(name, task, split, store, warnings)
             continue
         if len(names) > 1 and not fmt.many_files:
             raise DataError(f"tasks.{name}: a {task.pde} {split} split is one file, found {names} in {store.url}")
@@ -326,6 +309,28 @@ def _search(name: str, task: TaskConfig, location: str, data_dir: Path, b2_api) 
     )
     files = SplitFiles(train=found["train"], val=found["val"], test=found["test"], stats_file=stats)
     return _Found(files, origins, warnings, jobs)
+
+
+def _no_file(name: str, task: TaskConfig, split: str, store: Store, warnings: list[str]) -> None:
+    """A split the store has no file of: the train split is an error listing where it was looked for; val under
+    val_fraction 0 is no split at all; another is carved from the train file, with a warning where the format
+    expected a file of its own."""
+    fmt = format_of(task.pde)
+    wanted = fmt.looks_for(name, task, split)
+    tried = [f"{store.url.rstrip('/')}/{w}" for w in wanted or []]
+    if split == "train":
+        where = "\n    ".join(tried)
+        raise DataError(
+            f"tasks.{name}: no train file found; tried:\n    {where}\n  (fix tasks.{name}.source, "
+            f"tasks.{name}.templates or tasks.{name}.files; the layout: {fmt.docs})"
+        )
+    if split == "val" and task.val_fraction == 0:  # asked for: no validation, nothing carved
+        log.info("data %s: no val split (tasks.%s.val_fraction is 0): no validation", name, name)
+    elif wanted is None:  # the format's convention: no file of this split, always carved
+        log.info("data %s: the %s split is carved from the train file by %s", name, split, fmt.carving)
+    else:
+        message = f"data {name}: no {split} file (tried {', '.join(tried)}); carving it from the train file by "
+        _warn(warnings, message + fmt.carving)
 
 
 def _unpacked(name: str, store: Store, packed: str, remote: bool, data_dir: Path, fmt) -> str:
