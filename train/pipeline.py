@@ -178,17 +178,7 @@ def _stages(
     assert plan is not None, "node 0 posts a plan before it posts that it is ready"
     node_local = not session.leads and run.read_node_token() != plan.token
     if not session.leads:
-        log.info(
-            "node 0 decided: %s%s. Run folder %s: %s",
-            " and ".join(plan.stages) or "nothing to do",
-            f", continuing from its {plan.resume.name} (SHA1 {plan.resume.sha1}), sent to these ranks by rank 0"
-            if plan.resume and "fit" in plan.stages
-            else "",
-            run.root,
-            "this node's own (node 0 holds the run's checkpoints, metrics and report; this node keeps its ranks' logs)"
-            if node_local
-            else "node 0's too (one shared file system)",
-        )
+        _say_node_0s_plan(plan, run, node_local)
     error = None
     if not plan.stages and remote is not None and session.leads:
         # A remote that fell behind in an earlier launch gets what it lacks.
@@ -205,26 +195,46 @@ def _stages(
             error = remote_behind(remote, run, mirror.complete)
     session.conclude(error)
     if command in ("run", "evaluate") and session.leads:
-        results = read_summary(run.root)
-        for name, r in results.items():
-            line = f"{name}: test nRMSE {figure(r.get('nrmse'))} (baseline {figure(r.get('baseline_nrmse'))})"
-            if r.get("nrmse_dynamic") != r.get("nrmse"):  # a field constant over trajectories left out
-                line += f"; of the changing fields {figure(r.get('nrmse_dynamic'))}"
-                line += f" (baseline {figure(r.get('baseline_nrmse_dynamic'))})"
-            log.info("%s", line)
-        if len(results) > 1:
-            score = summary_score(results)
-            log.info(
-                "over the %d tasks: mean test nRMSE of the changing fields %s, over the baseline's %s (geometric mean)",
-                score["tasks"],
-                figure(score["mean_nrmse"]),
-                figure(score["nrmse_to_baseline"]),
-            )
-        failed = diverged(results)
-        if failed:  # a report written earlier (this launch had nothing left to do) says so all the same
-            raise diverged_error(failed, str(checkpoint_for_evaluation(run.checkpoints)), run.report)
-        log.info("run folder: %s", run.root)
+        _say_scores(run)
     return run.root
+
+
+def _say_node_0s_plan(plan, run: RunDir, node_local: bool) -> None:
+    """Another node's launcher: what node 0 decided, and whose run folder this is."""
+    log.info(
+        "node 0 decided: %s%s. Run folder %s: %s",
+        " and ".join(plan.stages) or "nothing to do",
+        f", continuing from its {plan.resume.name} (SHA1 {plan.resume.sha1}), sent to these ranks by rank 0"
+        if plan.resume and "fit" in plan.stages
+        else "",
+        run.root,
+        "this node's own (node 0 holds the run's checkpoints, metrics and report; this node keeps its ranks' logs)"
+        if node_local
+        else "node 0's too (one shared file system)",
+    )
+
+
+def _say_scores(run: RunDir) -> None:
+    """The report's test scores in the log, per task and over the tasks; a diverged task is an error."""
+    results = read_summary(run.root)
+    for name, r in results.items():
+        line = f"{name}: test nRMSE {figure(r.get('nrmse'))} (baseline {figure(r.get('baseline_nrmse'))})"
+        if r.get("nrmse_dynamic") != r.get("nrmse"):  # a field constant over trajectories left out
+            line += f"; of the changing fields {figure(r.get('nrmse_dynamic'))}"
+            line += f" (baseline {figure(r.get('baseline_nrmse_dynamic'))})"
+        log.info("%s", line)
+    if len(results) > 1:
+        score = summary_score(results)
+        log.info(
+            "over the %d tasks: mean test nRMSE of the changing fields %s, over the baseline's %s (geometric mean)",
+            score["tasks"],
+            figure(score["mean_nrmse"]),
+            figure(score["nrmse_to_baseline"]),
+        )
+    failed = diverged(results)
+    if failed:  # a report written earlier (this launch had nothing left to do) says so all the same
+        raise diverged_error(failed, str(checkpoint_for_evaluation(run.checkpoints)), run.report)
+    log.info("run folder: %s", run.root)
 
 
 def remote_behind(remote: Remote, run: RunDir, complete: bool | None) -> PreflightError | None:

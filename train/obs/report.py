@@ -258,7 +258,14 @@ def _markdown(
             "baselines).",
         ]
     lines += _well_tables(results)
-    lines += ["", "## Data", "", "| task | split | origin | file read | samples |", "|---|---|---|---|---|"]
+    lines += _data_section(data, warnings)
+    lines += _plots_section(split, loss, growth, task_plots)
+    return "\n".join(lines)
+
+
+def _data_section(data: dict, warnings: dict) -> list[str]:
+    """Where every split came from, and what the data stage warned about."""
+    lines = ["", "## Data", "", "| task | split | origin | file read | samples |", "|---|---|---|---|---|"]
     for name, splits in data.items():
         for split_name, d in splits.items():
             start, stop = d["samples"]
@@ -271,7 +278,12 @@ def _markdown(
             for text in texts
         ]
         lines += ["", "Warnings of the data stage:" if found else "The data stage gave no warnings.", "", *found]
-    lines += ["", "## Plots", ""]
+    return lines
+
+
+def _plots_section(split: str, loss: bool, growth: bool, task_plots: dict[str, list[str]]) -> list[str]:
+    """The links to the plots that were drawn, and why the loss curves are missing where they are."""
+    lines = ["", "## Plots", ""]
     if loss:
         lines += [f"![loss curves]({LOSS_PNG})", ""]
     else:
@@ -286,7 +298,7 @@ def _markdown(
     for name, names in task_plots.items():
         if field_png(name) in names:
             lines += [f"### {name}, {split} sample 0", "", f"![{name}]({field_png(name)})", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def _field_table(results: dict) -> list[str]:
