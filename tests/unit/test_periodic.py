@@ -56,3 +56,14 @@ def test_the_fnos_coordinates_leave_out_the_end_point_of_a_periodic_axis_only():
         x = FNO(spec, FNOConfig(modes=4, width=4, layers=1))._coordinates(torch.zeros(2, 32, 1))
         assert x.shape == (2, 32, 1) and x[0, 0, 0] == 0 and x[0, -1, 0].item() == pytest.approx(last)
         assert torch.allclose(x[0, 1:, 0] - x[0, :-1, 0], torch.full((31,), 1 / (32 if periodic else 31)))
+
+
+def test_a_pdebench_familys_periodic_axis_reaches_the_unet_and_the_fno_and_darcys_walls_do_not():
+    from train.config import UNetConfig
+    from train.model.unet import UNet
+
+    adv = task_spec(_info("advection1d", (32,)), TaskConfig(pde="advection1d"), "a")
+    darcy = task_spec(_info("darcy2d", (16, 16)), TaskConfig(pde="darcy2d"), "d")
+    wraps = lambda model: any(type(m).__name__ == "WrappingConv" for m in model.modules())  # noqa: E731
+    assert wraps(UNet(adv, UNetConfig(init_features=4))) and not wraps(UNet(darcy, UNetConfig(init_features=4)))
+    assert FNO(adv, FNOConfig(modes=4, width=4)).pads == [0] and FNO(darcy, FNOConfig(modes=4, width=4)).pads == [2, 2]
