@@ -189,3 +189,13 @@ def test_a_test_file_shorter_than_train_or_on_another_grid_is_refused(tmp_path):
         files = {"train_file": "train.h5", "test_file": name}
         with pytest.raises(DataError, match="val and test trajectories may be longer than the training ones"):
             _cache(tmp_path, name, {"files": files, "initial_step": 2, "patch_size": 4})
+
+
+def test_arrays_settings_belong_to_pde_arrays_only():
+    from train.config import TaskConfig
+
+    with pytest.raises(ValueError, match="'arrays' settings are for pde: arrays, not pde: fno_burgers"):
+        TaskConfig(pde="fno_burgers", arrays={"key": "a"})
+    with pytest.raises(ValueError, match=r"files\.val_file is for pde: arrays"):
+        TaskConfig(pde="fno_burgers", files={"val_file": "v.mat"})
+    assert TaskConfig(pde="arrays").arrays.key == "u" and TaskConfig(pde="arrays").files.train_file == "train.h5"

@@ -122,6 +122,8 @@ class TaskConfig(Section):
         if LAYOUTS[self.pde].style != "arrays":
             if self.arrays is not None:
                 raise ValueError(f"'arrays' settings are for pde: arrays, not pde: {self.pde}; remove them")
+            if self.files is not None and self.files.val_file is not None:
+                raise ValueError(f"files.val_file is for pde: arrays; a {self.pde} task carves its val split")
         elif self.arrays is None:
             object.__setattr__(self, "arrays", ArraysConfig())
         return self
