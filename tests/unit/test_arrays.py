@@ -63,15 +63,18 @@ def test_trajectories_read_back_bitwise_as_written(tmp_path, dims, order, suffix
     assert info.channels == ("u_0", "u_1", "u_2")
 
 
-@pytest.mark.parametrize("dims", [1, 2])
-def test_steady_pairs_read_back_bitwise_with_their_names(tmp_path, dims):
-    grid = (9, 7)[:dims]
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("suffix", [".h5", ".npz"])
+def test_steady_pairs_read_back_bitwise_with_their_names(tmp_path, dims, suffix):
+    grid = (9, 7, 5)[:dims]
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(10, *grid, 2)).astype(np.float32), rng.normal(size=(10, *grid, 1)).astype(np.float32)
-    _write(tmp_path / "src" / "pairs.h5", {"a": x, "sol": y}, {"fields": ["kappa", "source", "pressure"]})
-    task = {"files": {"train_file": "pairs.h5"}, "arrays": {"steady": True, "input_key": "a", "target_key": "sol"}}
+    _write(tmp_path / "src" / f"pairs{suffix}", {"a": x, "sol": y}, {"fields": ["kappa", "source", "pressure"]})
+    files = {"train_file": f"pairs{suffix}"}
+    task = {"files": files, "arrays": {"steady": True, "input_key": "a", "target_key": "sol"}}
     info, cfg = _cache(tmp_path, "c", {**task, "patch_size": 1})
     assert not info.autoregressive and (info.in_channels, info.out_channels) == (2, 1)
+    assert (info.in_place is not None) == (suffix == ".h5"), "plain HDF5 pairs are mapped, an .npz copied"
     np.testing.assert_array_equal(_whole(info, "x"), x)
     np.testing.assert_array_equal(_whole(info, "y"), y)
     assert task_spec(info, cfg, "t").fields == ("arrays/kappa", "arrays/source", "pressure")
