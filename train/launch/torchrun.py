@@ -273,6 +273,65 @@ def launch(
     _name_rendezvous_events_cheaply()
     topology = topology_from_environ(os.environ, cfg.run.name or run.root.name)
     debug = debug_enabled()
+    _set_ranks_environ(run, cfg, topology, nproc, address, debug)
+    live = sys.stderr.isatty()
+    ranks_lock = run.lock_paths(topology.node_rank)[1]
+    record = run.write_launch_record(topology.node_rank, ranks_lock, live and not debug, resume_sha1)
+    rank_args = ["--run-dir", str(run.root), "--launch-record", str(record), *worker_args]
+    argv = torchrun_argv(topology, nproc, cfg, run.logs / "torchrun", module, rank_args, debug, live, address)
+    where = f"node {topology.node_rank} of {topology.nnodes} ({topology.source})" if topology.multi_node else "1 node"
+    log.info("launching %d rank(s) on %s: torchrun %s", nproc, where, " ".join(argv))
+    run.clear_preempted()
+    # torchrun's agent turns signals into exceptions and leaves its handlers installed; put ours back.
+    saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, name) for name in FORWARDED_SIGNALS)}
+    freeze_imported()  # this process waits out the run with torch imported (train.heap)
+    try:
+        run_torchrun(get_args_parser().parse_args(argv))
+    except ChildFailedError as e:
+        _ranks_failed(e, run, cfg, topology, nproc, module, worker_args)
+    except SignalException as e:
+        if not run.preempted and _evaluating(run, cfg, module, worker_args):
+            _stopped_while_evaluating(e.sigval)
+        _stopped_by_signal(run, e.sigval, cfg)
+    except RendezvousError as e:
+        reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise DistributedError(
+            f"the rendezvous at {topology.endpoint} (RDZV_ID={topology.run_id}) failed ({reason}). "
+            f"A node never arrived within dist.timeout_s={cfg.dist.timeout_s}s: start the same command on all "
+            f"{topology.nnodes} nodes (NNODES, NODE_RANK=0..{topology.nnodes - 1}, the same RDZV_ENDPOINT and "
+            "RDZV_ID) and check that the first node's port is reachable from the others"
+        ) from None
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _ranks_failed(e, run: RunDir, cfg: Config, topology, nproc: int, module: str, worker_args: list[str]) -> None:
+    """Ranks that failed, said as the project's error: a preemption (75), a stop during the final evaluation,
+    or a WorkerFailure naming each rank's failure, the first to blame first, in the ranks' own numbering."""
+    preempted = all(f.exitcode == Preempted.exit_code for f in e.failures.values())
+    if preempted and run.preempted:
+        raise Preempted(
+            f"stopped by a signal, checkpoint saved in {run.root}; re-run the same command to resume"
+        ) from None
+    stopped = {-f.exitcode for f in e.failures.values()} <= {int(s) for s in STOP_SIGNALS_OF_RANKS}
+    if stopped and _evaluating(run, cfg, module, worker_args):
+        _stopped_while_evaluating(signal.Signals(-next(iter(e.failures.values())).exitcode))
+    failures = sorted(e.failures.items(), key=lambda item: (_blame_order(item[1]), item[1].timestamp, item[0]))
+    # torchrun numbers ranks in the order the agents met; the ranks number themselves node by node
+    ours = (lambda r, f: topology.node_rank * nproc + f.local_rank) if topology.multi_node else (lambda r, f: r)
+    hints = dict(SIGNAL_HINTS)
+    changed = run.changed_mapped_sources() if any(f.exitcode == -signal.SIGBUS for _, f in failures) else []
+    if changed:  # not /dev/shm: a file the ranks read through a memory map changed under them
+        hints[signal.SIGBUS] = f"a data file read through a memory map changed under it: {'; '.join(changed)}"
+    lines = [describe_failure(ours(rank, failure), failure, hints) for rank, failure in failures]
+    summary = f"{_what(module, worker_args)} failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run.logs}"
+    raise WorkerFailure(exit_code_of(failures[0][1]), summary) from None
+
+
+def _set_ranks_environ(run: RunDir, cfg: Config, topology, nproc: int, address: str | None, debug: bool) -> None:
+    """What the ranks inherit from this process's environment: their threads, the compiled-code cache, their
+    console prefix, their node numbering and network, and DEBUG=1's variables."""
     # Ranks sharing a CPU must not each start one thread per core: that oversubscribes and crawls. The cores are
     # those this process may run on (a SLURM cpuset, a sweep's share of the machine), not all the machine's.
     cores = len(os.sched_getaffinity(0))
@@ -302,53 +361,6 @@ def launch(
             os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"
         run.flight_recorder.mkdir(parents=True, exist_ok=True)
         log.debug("environment: %s", redacted_environ(os.environ))
-    live = sys.stderr.isatty()
-    ranks_lock = run.lock_paths(topology.node_rank)[1]
-    record = run.write_launch_record(topology.node_rank, ranks_lock, live and not debug, resume_sha1)
-    rank_args = ["--run-dir", str(run.root), "--launch-record", str(record), *worker_args]
-    argv = torchrun_argv(topology, nproc, cfg, run.logs / "torchrun", module, rank_args, debug, live, address)
-    where = f"node {topology.node_rank} of {topology.nnodes} ({topology.source})" if topology.multi_node else "1 node"
-    log.info("launching %d rank(s) on %s: torchrun %s", nproc, where, " ".join(argv))
-    run.clear_preempted()
-    # torchrun's agent turns signals into exceptions and leaves its handlers installed; put ours back.
-    saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, name) for name in FORWARDED_SIGNALS)}
-    freeze_imported()  # this process waits out the run with torch imported (train.heap)
-    try:
-        run_torchrun(get_args_parser().parse_args(argv))
-    except ChildFailedError as e:
-        preempted = all(f.exitcode == Preempted.exit_code for f in e.failures.values())
-        if preempted and run.preempted:
-            raise Preempted(
-                f"stopped by a signal, checkpoint saved in {run.root}; re-run the same command to resume"
-            ) from None
-        stopped = {-f.exitcode for f in e.failures.values()} <= {int(s) for s in STOP_SIGNALS_OF_RANKS}
-        if stopped and _evaluating(run, cfg, module, worker_args):
-            _stopped_while_evaluating(signal.Signals(-next(iter(e.failures.values())).exitcode))
-        failures = sorted(e.failures.items(), key=lambda item: (_blame_order(item[1]), item[1].timestamp, item[0]))
-        # torchrun numbers ranks in the order the agents met; the ranks number themselves node by node
-        ours = (lambda r, f: topology.node_rank * nproc + f.local_rank) if topology.multi_node else (lambda r, f: r)
-        hints = dict(SIGNAL_HINTS)
-        changed = run.changed_mapped_sources() if any(f.exitcode == -signal.SIGBUS for _, f in failures) else []
-        if changed:  # not /dev/shm: a file the ranks read through a memory map changed under them
-            hints[signal.SIGBUS] = f"a data file read through a memory map changed under it: {'; '.join(changed)}"
-        lines = [describe_failure(ours(rank, failure), failure, hints) for rank, failure in failures]
-        summary = f"{_what(module, worker_args)} failed:\n  " + "\n  ".join(lines) + f"\n  per-rank logs: {run.logs}"
-        raise WorkerFailure(exit_code_of(failures[0][1]), summary) from None
-    except SignalException as e:
-        if not run.preempted and _evaluating(run, cfg, module, worker_args):
-            _stopped_while_evaluating(e.sigval)
-        _stopped_by_signal(run, e.sigval, cfg)
-    except RendezvousError as e:
-        reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        raise DistributedError(
-            f"the rendezvous at {topology.endpoint} (RDZV_ID={topology.run_id}) failed ({reason}). "
-            f"A node never arrived within dist.timeout_s={cfg.dist.timeout_s}s: start the same command on all "
-            f"{topology.nnodes} nodes (NNODES, NODE_RANK=0..{topology.nnodes - 1}, the same RDZV_ENDPOINT and "
-            "RDZV_ID) and check that the first node's port is reachable from the others"
-        ) from None
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 def _what(module: str, worker_args: list[str]) -> str:
