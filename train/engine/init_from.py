@@ -41,6 +41,42 @@ def _task_of(key: str, tasks: set[str]) -> str | None:
     return next((part for part in key.split(".") if part in tasks), None)
 
 
+def _matched(state: dict, ours: dict, new_tasks: set[str], fresh_parts) -> tuple[dict, set, set, list[str]]:
+    """The source's tensors this model takes (same name and shape), the new tasks and patch geometries that start
+    fresh, and what does not fit."""
+    problems, load, fresh, shapes = [], {}, set(), set()
+    for key, value in ours.items():
+        if key in state and tuple(state[key].shape) == tuple(value.shape):
+            load[key] = state[key]
+        elif key in state:
+            problems.append(f"{key}: {tuple(state[key].shape)} there, {tuple(value.shape)} here")
+        elif (task := _task_of(key, new_tasks)) is not None:
+            fresh.add(task)
+        elif key.startswith(tuple(fresh_parts)):
+            shapes.add(key.split(".")[1])
+        else:
+            problems.append(f"{key}: not in the source")
+    return load, fresh, shapes, problems
+
+
+def _resets(model: nn.Module, cfg: Config) -> dict[str, str]:
+    """train.init_reset as parameter name -> 'fresh' or 'zero'; a zero that would leave a parameter without a
+    gradient is a ConfigError naming the parameters the model allows."""
+    reset = {}
+    for selector, how in cfg.train.init_reset.items():
+        reset.update(dict.fromkeys(selected(model, selector, "train.init_reset"), how))
+    zeroable = getattr(model, "zeroable", None)  # a model that says which of its parameters may start at zero
+    stuck = [n for n, how in reset.items() if how == "zero" and zeroable is not None and not n.startswith(zeroable)]
+    if stuck:
+        raise ConfigError(
+            f"train.init_reset: 'zero' on {', '.join(stuck[:4])}{' ...' if len(stuck) > 4 else ''} would leave "
+            f"them without a gradient (a zero layer feeding zero output rows: each is the other's factor); zero "
+            f"only {', '.join(zeroable)} (e.g. {{{zeroable[0]}: zero}}), or start the others from this run's "
+            "initialisation ('fresh')"
+        )
+    return reset
+
+
 def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
     """Every rank: the source's weights into ``model`` (its fresh initialisation stays where a task is new).
     Returns what was done: parameters loaded, tasks started fresh, tasks dropped."""
@@ -62,18 +98,7 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
     if adapt is not None:
         source_specs = {name: spec_from_record(record) for name, record in saved.get(SPECS, {}).items()}
         state, new_fields, fresh_parts = adapt(state, source_specs)
-    problems, load, fresh, shapes = [], {}, set(), set()
-    for key, value in ours.items():
-        if key in state and tuple(state[key].shape) == tuple(value.shape):
-            load[key] = state[key]
-        elif key in state:
-            problems.append(f"{key}: {tuple(state[key].shape)} there, {tuple(value.shape)} here")
-        elif (task := _task_of(key, new_tasks)) is not None:
-            fresh.add(task)
-        elif key.startswith(tuple(fresh_parts)):
-            shapes.add(key.split(".")[1])
-        else:
-            problems.append(f"{key}: not in the source")
+    load, fresh, shapes, problems = _matched(state, ours, new_tasks, fresh_parts)
     if problems:
         raise ConfigError(
             f"{where}: the weights do not fit this run's model ({len(problems)} parameter(s)): "
@@ -86,18 +111,7 @@ def load_initial_weights(model: nn.Module, cfg: Config, record: dict) -> dict:
         raise ConfigError(
             f"{where}: the source has parameters this model lacks: {', '.join(unused[:8])}; match model.* to the source"
         )
-    reset = {}
-    for selector, how in cfg.train.init_reset.items():
-        reset.update(dict.fromkeys(selected(model, selector, "train.init_reset"), how))
-    zeroable = getattr(model, "zeroable", None)  # a model that says which of its parameters may start at zero
-    stuck = [n for n, how in reset.items() if how == "zero" and zeroable is not None and not n.startswith(zeroable)]
-    if stuck:
-        raise ConfigError(
-            f"train.init_reset: 'zero' on {', '.join(stuck[:4])}{' ...' if len(stuck) > 4 else ''} would leave "
-            f"them without a gradient (a zero layer feeding zero output rows: each is the other's factor); zero "
-            f"only {', '.join(zeroable)} (e.g. {{{zeroable[0]}: zero}}), or start the others from this run's "
-            "initialisation ('fresh')"
-        )
+    reset = _resets(model, cfg)
     load = {key: value for key, value in load.items() if reset.get(key) != "fresh"}
     model.load_state_dict(load, strict=False)
     with torch.no_grad():
