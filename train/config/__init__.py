@@ -28,7 +28,7 @@ from train.config.model import (
 )
 from train.config.obs import ObsConfig, WandbConfig
 from train.config.root import Config
-from train.config.run import RunConfig
+from train.config.runs import RunConfig
 from train.config.section import Section
 from train.config.tasks import DEFAULT_TEMPLATES, PDE, ArraysConfig, DatasetFilesConfig, TaskConfig, WellConfig
 from train.config.training import CompileConfig, TrainConfig

@@ -11,7 +11,7 @@ from train.config.cluster import SlurmConfig
 from train.config.dist import DistConfig
 from train.config.model import BUILT_IN_MODELS, ModelConfig
 from train.config.obs import ObsConfig
-from train.config.run import RunConfig
+from train.config.runs import RunConfig
 from train.config.section import Section
 from train.config.tasks import TaskConfig
 from train.config.training import CompileConfig, TrainConfig
