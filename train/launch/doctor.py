@@ -430,6 +430,9 @@ def check_data(cfg: Config, facts: Facts) -> Check:
             notes.append(f"{name}: generated locally")
         elif source.startswith(("https://", "http://")):
             notes.append(f"{name}: {source} (downloaded over HTTPS)")
+        elif source.startswith("s3://"):
+            endpoint = facts.environ.get("AWS_ENDPOINT_URL_S3") or facts.environ.get("AWS_ENDPOINT_URL")
+            notes.append(f"{name}: {source} (S3-compatible, {endpoint or 'Amazon S3'}; boto3's credentials)")
         elif source.startswith("b2://"):
             credentials = not missing_b2_credentials(facts.environ)
             earlier = download.read_manifest(Path(cfg.run.data_dir) / name)

@@ -100,7 +100,7 @@ def _origin(d: dict) -> str:
     if "files" in d:  # a folder of files (The Well)
         where = f"`{d['url']}`" if d.get("url") else "local folder"
         return f"{where}, {len(d['files'])} file(s) ({sum(f.get('size') or 0 for f in d['files'])} bytes)"
-    if kind == "b2":
+    if kind in ("b2", "s3"):
         verified = ", not verified" if d.get("sha1_verified") is False else ""
         return f"`{d['url']}` (SHA1 {d.get('sha1') or 'unknown'}{verified}, uploaded {d.get('uploaded') or 'unknown'})"
     if kind == "local":

@@ -1,8 +1,10 @@
 """Where a task's files can come from: the table of stores, by the location's scheme.
 
-``b2://bucket/prefix`` is a B2 bucket (b2sdk), ``https://`` (and ``http://``) a web server, ``file:///folder`` or
-a plain path a local folder. Each store lists, stats and downloads files by names relative to its root; the
-download machinery (train/data/acquire/download.py) adds the verification, the retries and the manifest.
+``b2://bucket/prefix`` is a B2 bucket (b2sdk), ``s3://bucket/prefix`` a bucket of an S3-compatible store (boto3:
+Amazon S3, B2's S3 API, MinIO, R2; its endpoint from AWS_ENDPOINT_URL), ``https://`` (and ``http://``) a web
+server, ``file:///folder`` or a plain path a local folder. Each store lists, stats and downloads files by names
+relative to its root; the download machinery (train/data/acquire/download.py) adds the verification, the retries
+and the manifest.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from train.stores.b2 import B2Store
 from train.stores.base import Store, check_name
 from train.stores.https import HttpsStore
 from train.stores.local import LocalStore
+from train.stores.s3 import S3Store
 
 
 def _b2(source: str, b2_api) -> Store:
@@ -35,8 +38,18 @@ def _local(source: str, b2_api) -> Store:
     return store
 
 
+def _s3(source: str, b2_api) -> Store:
+    bucket, _, prefix = source.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise ConfigError(f"{source}: no bucket name (expected s3://bucket/prefix)")
+    if prefix.strip("/"):
+        check_name(prefix.strip("/"))
+    return S3Store(bucket, prefix)
+
+
 STORES = {
     "b2://": _b2,
+    "s3://": _s3,
     "https://": lambda source, b2_api: HttpsStore(source),
     "http://": lambda source, b2_api: HttpsStore(source),
     "file://": _local,
@@ -62,6 +75,7 @@ def open_store(source: str, b2_api=None) -> Store:
             return make(source, b2_api)
     if "://" in source:
         raise ConfigError(
-            f"{source}: unsupported source (use b2://bucket/prefix, https://..., file:///folder or a path)"
+            f"{source}: unsupported source (use b2://bucket/prefix, s3://bucket/prefix, https://..., file:///folder "
+            "or a path)"
         )
     return _local(source, b2_api)

@@ -134,12 +134,14 @@ def _local_origin(path: Path) -> dict:
     }
 
 
-def _b2_origin(dest: Path, entry: dict) -> dict:
-    """A downloaded file's origin, from a record shaped like the data folder's manifest entries."""
+def _bucket_origin(dest: Path, entry: dict) -> dict:
+    """A file downloaded from a bucket (b2:// or s3://), from a record shaped like the data folder's manifest
+    entries."""
     url = entry["source"]
-    bucket, _, key = url.removeprefix("b2://").partition("/")
+    scheme, _, rest = url.partition("://")
+    bucket, _, key = rest.partition("/")
     return {
-        "origin": "b2",
+        "origin": scheme,
         "file": str(dest.absolute()),
         "url": url,
         "bucket": bucket,
@@ -165,7 +167,8 @@ def _fetched_origin(store: Store, result: download.FetchResult) -> dict:
             "sha1": result.sha1,
             "version": remote.version,
         }
-    # B2's SHA1 was checked against the bytes (now, or at the download the manifest vouches for) unless it had none
+    # A bucket's SHA1 (B2's, or an S3 object's sha1 metadata) was checked against the bytes (now, or at the
+    # download the manifest vouches for) unless it had none
     entry = {
         "source": f"{store.url.rstrip('/')}/{remote.name}",
         "size": remote.size,
@@ -175,7 +178,7 @@ def _fetched_origin(store: Store, result: download.FetchResult) -> dict:
         "uploaded": remote.uploaded,
         "sha256": result.sha256,
     }
-    return _b2_origin(result.dest, entry)
+    return _bucket_origin(result.dest, entry)
 
 
 def _carved_origin(task: TaskConfig, split: str, train: dict) -> dict:
@@ -247,7 +250,7 @@ def _downloaded_earlier(name: str, task: TaskConfig, data_dir: Path) -> _Found |
         ok = entry and entry.get("source", "").startswith(task.source.rstrip("/") + "/") and path.is_file()
         found[split] = path if ok and path.stat().st_size == entry.get("size") else None
         if found[split] is not None:
-            origins[split] = _b2_origin(path, entry)
+            origins[split] = _bucket_origin(path, entry)
     if found["train"] is None:
         return None
     result = _Found(SplitFiles(**found), origins)
