@@ -19,13 +19,19 @@ from train.stores.local import LocalStore
 from train.stores.s3 import S3Store
 
 
-def _b2(source: str, b2_api) -> Store:
-    bucket, _, prefix = source.removeprefix("b2://").partition("/")
+def _bucket(source: str) -> tuple[str, str]:
+    """The bucket and prefix of ``scheme://bucket/prefix``, both checked."""
+    scheme, _, rest = source.partition("://")
+    bucket, _, prefix = rest.partition("/")
     if not bucket:
-        raise ConfigError(f"{source}: no bucket name (expected b2://bucket/prefix)")
+        raise ConfigError(f"{source}: no bucket name (expected {scheme}://bucket/prefix)")
     if prefix.strip("/"):
         check_name(prefix.strip("/"))
-    return B2Store(bucket, prefix, b2_api)
+    return bucket, prefix
+
+
+def _b2(source: str, b2_api) -> Store:
+    return B2Store(*_bucket(source), b2_api)
 
 
 def _local(source: str, b2_api) -> Store:
@@ -38,18 +44,9 @@ def _local(source: str, b2_api) -> Store:
     return store
 
 
-def _s3(source: str, b2_api) -> Store:
-    bucket, _, prefix = source.removeprefix("s3://").partition("/")
-    if not bucket:
-        raise ConfigError(f"{source}: no bucket name (expected s3://bucket/prefix)")
-    if prefix.strip("/"):
-        check_name(prefix.strip("/"))
-    return S3Store(bucket, prefix)
-
-
 STORES = {
     "b2://": _b2,
-    "s3://": _s3,
+    "s3://": lambda source, b2_api: S3Store(*_bucket(source)),
     "https://": lambda source, b2_api: HttpsStore(source),
     "http://": lambda source, b2_api: HttpsStore(source),
     "file://": _local,
