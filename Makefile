@@ -40,7 +40,7 @@ define checked
 	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
 endef
 
-.PHONY: help install gpu-check train data cache fit evaluate doctor smoke-test push slurm sweep predict export consolidate bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
+.PHONY: help install gpu-check train data cache fit evaluate doctor smoke-test shard push slurm sweep predict export consolidate bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
 
 help: ## List the targets
 	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
@@ -77,6 +77,9 @@ doctor: install ## Check this machine against CONFIG: GPUs, /dev/shm, SLURM, por
 smoke-test: install ## Collectives, 5 DDP steps vs one process, checkpoint round trip, torch.compile (seconds)
 	$(call checked,$(BIN)/python -m train smoke --config $(CONFIG) --nproc $(NPROC) $(foreach s,$(SET),--set $(s)))
 
+shard: install ## Each task's data as a shard set to stream (data.stream: true): OUT=folder (default shards/) [SHARD_MB=256]
+	$(call checked,$(BIN)/python -m train shard --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)) $(if $(SHARD_MB),--shard-mb $(SHARD_MB)))
+
 push: install ## Mirror runs/<name> to run.remote now, what a launch could not send (exit 4 naming what is missing)
 	$(call checked,$(BIN)/python -m train push --config $(CONFIG) $(if $(RUN),--run $(RUN)) $(foreach s,$(SET),--set $(s)))
 
@@ -95,7 +98,7 @@ export: install ## A trained run as files that run without this package: RUN=nam
 consolidate: install ## A sharded checkpoint (a .dcp folder of every rank's shards) as one .pt file: RUN=name|folder [CHECKPOINT=latest|best|name OUT=file]
 	$(call checked,$(BIN)/python -m train consolidate --run $(RUN) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(if $(OUT),--output $(OUT)))
 
-bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), the Well demo (well), fine-tuning vs scratch (finetune), pretraining (pretrain), its transfer to held-out physics over seeds (transfer), published-size data in 4 GB (scale, only when named); BENCH_ARGS="well"
+bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs bare DDP step time (trainer), models and objectives (models), slow remote (remote), streaming from a throttled store (stream), the Well demo (well), fine-tuning vs scratch (finetune), pretraining (pretrain), its transfer to held-out physics over seeds (transfer), published-size data in 4 GB (scale, only when named); BENCH_ARGS="well"
 	$(call checked,$(BIN)/python -m train.bench $(BENCH_ARGS))
 
 gpu-check: ## On one GPU (~12 min): samples/s + GPU busy, no host sync, time to accuracy, FSDP2, NCCL smoke, bf16, bitwise resume -> runs/gpu-check/ (exit 0 without a GPU)

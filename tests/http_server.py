@@ -16,11 +16,13 @@ class FileServer:
     - "drop": the first GET sends half the body, then closes the connection (the Content-Length was whole);
     - "503": every GET answers 503 with an HTML body; "html": every GET answers 200 with an HTML page;
     - "lie": HEAD and GET announce 100 bytes more than the file holds (GET sends the file, then closes).
-    ``requests`` counts the GETs per path.
+    ``requests`` counts the GETs per path; ``outage_after``: once that many GETs of files were answered, every
+    later GET answers 503 (a store that went away), until it is set to None again.
     """
 
     def __init__(self, root: Path):
         self.root, self.faults, self.requests = Path(root), {}, Counter()
+        self.outage_after: int | None = None
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -65,6 +67,8 @@ class FileServer:
                 if not path.is_file():
                     self._headers(404, 0)
                     return
+                if server.outage_after is not None and sum(server.requests.values()) > server.outage_after:
+                    fault = "503"
                 if fault in ("503", "html"):
                     body = b"<!DOCTYPE html><html><body>Service Unavailable</body></html>"
                     self._headers(503 if fault == "503" else 200, len(body), "text/html")

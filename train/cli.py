@@ -31,6 +31,8 @@ OTHER_COMMANDS = {
     "smoke": "collectives, 5 DDP steps checked against one process, a checkpoint round trip and a torch.compile "
     "step, on every visible GPU (or 2 CPU processes)",
     "slurm": "render an sbatch file from the config's slurm section",
+    "shard": "write each task's training data as a shard set (shards of whole trajectories, val and test whole, "
+    "stream.json) to stream it with data.stream: true from any store (docs/streaming.md)",
     "push": "mirror the run folder to run.remote now (what a launch could not send: an unreachable or full remote); "
     "exit 4 when not all of it got there",
 }
@@ -60,6 +62,17 @@ def _positive(value: str) -> int:
     raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 1")
 
 
+def _megabytes(value: str) -> float:
+    """--shard-mb: a usage error (exit 2) unless a number above 0."""
+    try:
+        mb = float(value)
+    except ValueError:
+        mb = 0.0
+    if mb > 0:
+        return mb
+    raise argparse.ArgumentTypeError(f"{value!r} is not a size in MB above 0 (e.g. 256 or 0.5)")
+
+
 def _overrides(command: argparse.ArgumentParser, help_text: str) -> None:
     """``--set KEY=VALUE``, repeatable, into ``args.overrides``."""
     command.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help_text)
@@ -73,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("--config", "-c", default="configs/default.yaml", help="YAML config (default: %(default)s)")
         _overrides(c, "override a config value, e.g. --set train.epochs=3 (repeatable)")
         c.add_argument("--run", help="run name (folder under run.runs_dir); default: the config file's stem")
-        if name not in ("slurm", "push"):
+        if name not in ("slurm", "push", "shard"):
             c.add_argument("--nproc", default=None, type=_nproc, help="processes per node: auto (default) or a number")
         if name in STAGE_COMMANDS:
             c.add_argument(
@@ -90,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile step")
         if name == "slurm":
             c.add_argument("--output", "-o", help="write the sbatch file here instead of printing it")
+        if name == "shard":
+            c.add_argument("--output", "-o", default="shards", help="folder of the shard sets, one per task")
+            c.add_argument("--shard-mb", type=_megabytes, default=256, help="about this many MB a shard (0.1-2000)")
     _sweep_command(sub)
     _using_commands(sub)
     return p
@@ -258,6 +274,11 @@ def _dispatch(args: argparse.Namespace) -> None:
         from train.slurm import write_sbatch
 
         write_sbatch(cfg, args.config, args.overrides, args.output)
+    elif args.command == "shard":
+        with importing():
+            from train.pipeline import write_shard_sets
+
+        write_shard_sets(cfg, Path(args.output), int(args.shard_mb * 2**20))
     elif args.command == "push":
         with importing():
             from train.launch.push import push_run

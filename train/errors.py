@@ -64,3 +64,8 @@ class StopRequested(BaseException):
         """Raise the requested stop again, for loops and stage boundaries: a no-op unless a signal asked."""
         if cls.pending is not None:
             raise cls(cls.pending)
+
+
+class StoreUnavailable(Preempted):
+    """The store a run streams its shards from stopped answering for longer than data.store_wait_s: the ranks
+    stopped with a checkpoint, like a preemption; re-run the same command once the store answers again."""

@@ -22,6 +22,9 @@ from train.data.acquire.sources import SplitFiles, stage_data
 from train.data.cache.build import build_cache, building_caches, window_span, write_window_index
 from train.data.cache.info import CacheInfo
 from train.data.dataset import target_frames
+from train.data.stream.shards import write_shard_set
+from train.data.stream.stage import describe_stream, prepare_stream
+from train.disk import human
 from train.errors import ConfigError, DataError, PreflightError, TrainError
 from train.launch.continuity import check_same_data, initial_weights
 from train.launch.doctor import check_shm_at_launch, doctor, require_writable_folders
@@ -49,7 +52,12 @@ STAGES = ("data", "cache", "fit", "evaluate")
 def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, dict[str, str | None]]:
     """Build (or find) every task's cache and latent cache; returns their folders by task."""
     root = Path(cfg.run.cache_dir)
-    infos = {name: build_cache(name, cfg.tasks[name], sources[name], root) for name in cfg.tasks}
+    infos = {
+        name: prepare_stream(name, cfg)
+        if cfg.streamed(name)
+        else build_cache(name, cfg.tasks[name], sources[name], root)
+        for name in cfg.tasks
+    }
     problems, specs = [], {}
     for name, info in infos.items():
         task = cfg.tasks[name]
@@ -99,6 +107,26 @@ def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, dict[s
     return folders
 
 
+def write_shard_sets(cfg: Config, out: Path, shard_bytes: int) -> None:
+    """Every task's cache (built first where needed) as a shard set in ``out/<task>`` (train.data.stream)."""
+    # The shards are written from the files themselves, whatever the config says of streaming them later.
+    tasks = {name: task.model_copy(update={"stream": False}) for name, task in cfg.tasks.items()}
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"stream": False}), "tasks": tasks})
+    require_writable_folders(cfg, "cache")
+    sources = stage_data(cfg)
+    root = Path(cfg.run.cache_dir)
+    for name, task in cfg.tasks.items():
+        info = build_cache(name, task, sources[name], root)
+        if not info.autoregressive:
+            print(f"{name}: a steady task's pairs fit any disk; not sharded (it is read as before)")
+            continue
+        shard_set = write_shard_set(name, info, out / name, shard_bytes)
+        print(
+            f"{out / name}: {len(shard_set.shards)} shards, {human(shard_set.nbytes)}; stream it with "
+            f"tasks.{name}.source={out / name} (or the store you copy the folder to) and data.stream=true"
+        )
+
+
 def run_stages(
     cfg: Config,
     command: str,
@@ -119,6 +147,8 @@ def run_stages(
         require_writable_folders(cfg, command)
     if command in ("data", "cache") or dry_run:
         sources = stage_data(cfg, dry_run=dry_run, b2_api=b2_api)
+        for name in [n for n in cfg.tasks if cfg.streamed(n) and dry_run]:
+            print("\n".join(describe_stream(name, cfg)))
         if command == "cache" and not dry_run:
             stage_cache(cfg, sources)
         return None

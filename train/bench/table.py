@@ -124,6 +124,25 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         quick={"steps": 20, "warmup": 4, "repeats": 1},
     ),
     Benchmark(
+        "stream",
+        "stream",
+        "training streamed from a 50 MB/s store through a cache a quarter of the data, against local disk",
+        "about 4 minutes",
+        (
+            "streamed samples/s >= 90% of local disk",
+            "bytes fetched per epoch <= 1.1x the data",
+            "cache never above its limit",
+            "time to first step of a 4x larger set within 25%",
+        ),
+        (
+            Option("samples", 1024, "trajectories of the data set"),
+            Option("shard_mb", 2.0, "MB a shard"),
+            Option("rate_mb_s", 50.0, "the store's bandwidth"),
+            Option("epochs", 2, "epochs of one pass over the data"),
+        ),
+        quick={"samples": 256, "shard_mb": 0.5, "epochs": 1},
+    ),
+    Benchmark(
         "well",
         "well",
         "configs/well.yaml from nothing, timed: one-step VRMSE against repeating the last frame",

@@ -80,6 +80,9 @@ class RunState:
     best_val: float = math.inf
     bad_validations: int = 0
     early_stopped: bool = False
+    world_size: int = 0
+    """Ranks that trained to here (0: not recorded): a resume on another number of ranks continues the epoch's
+    sequence of samples at the same sample, not at the same step number."""
 
     def done(self, epochs: int) -> bool:
         """Early stopping is final; reaching train.epochs is not: a run resumed with more epochs continues."""

@@ -3,13 +3,14 @@
 The schema is a tree of frozen pydantic models. Unknown keys and wrong types are errors that name the
 key path (and the nearest valid key), so a typo never silently trains the wrong thing.
 
-One module per section (tasks, model, training, dist, run, cluster, obs) on the shared base in section.py; the
+One module per section (tasks, data, model, training, dist, run, cluster, obs) on the shared base in section.py; the
 whole config in root.py; reading and writing it in loading.py; a run's identity in identity.py. Import from here.
 """
 
 from __future__ import annotations
 
 from train.config.cluster import SlurmConfig
+from train.config.data import DataConfig, parse_bytes
 from train.config.dist import DistConfig
 from train.config.identity import run_identity, training_differences, training_view
 from train.config.loading import apply_override, flatten, load_config, parse_yaml, to_yaml, validate
@@ -42,6 +43,7 @@ __all__ = [
     "CompileConfig",
     "Config",
     "ConvConfig",
+    "DataConfig",
     "DatasetFilesConfig",
     "DistConfig",
     "FNOConfig",
@@ -63,6 +65,7 @@ __all__ = [
     "load_config",
     "migrate_model_keys",
     "model_keys_in_use",
+    "parse_bytes",
     "parse_yaml",
     "run_identity",
     "to_yaml",

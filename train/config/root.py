@@ -8,6 +8,7 @@ import pydantic
 from pydantic import Field
 
 from train.config.cluster import SlurmConfig
+from train.config.data import DataConfig
 from train.config.dist import DistConfig
 from train.config.model import BUILT_IN_MODELS, ModelConfig
 from train.config.obs import ObsConfig
@@ -22,6 +23,8 @@ class Config(Section):
     """Tasks by name; every step trains on one batch of each."""
     model: ModelConfig = ModelConfig()
     """The multi-task surrogate."""
+    data: DataConfig = DataConfig()
+    """Streaming: shards fetched into a bounded node cache instead of whole files."""
     train: TrainConfig = TrainConfig()
     """Optimisation, checkpoints and logging."""
     compile: CompileConfig = CompileConfig()
@@ -34,6 +37,11 @@ class Config(Section):
     """Experiment tracking beyond the run folder."""
     slurm: SlurmConfig = SlurmConfig()
     """What `python -m train slurm` writes into the sbatch file it renders."""
+
+    def streamed(self, name: str) -> bool:
+        """Task ``name``'s training split is streamed from a shard set (tasks.<name>.stream, else data.stream)."""
+        own = self.tasks[name].stream
+        return self.data.stream if own is None else own
 
     @pydantic.model_validator(mode="after")
     def _check_consistency(self) -> Config:
@@ -66,6 +74,14 @@ class Config(Section):
                 f"every task's sampling_weight is 0 ({', '.join(f'tasks.{n}' for n in self.tasks)}): with "
                 "train.task_sampling=weighted no task could be drawn; give at least one a weight above 0"
             )
+        for name, task in self.tasks.items():
+            if self.streamed(name) and (task.location == "generate" or task.latent_encoder is not None):
+                what = "source: generate" if task.location == "generate" else "a latent_encoder"
+                raise ValueError(
+                    f"tasks.{name} is streamed (data.stream / tasks.{name}.stream) but has {what}: a streamed task "
+                    "reads a shard set (make shard writes one; docs/streaming.md): point its source at one, or set "
+                    f"tasks.{name}.stream=false"
+                )
         for name in self.tasks:
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
                 raise ValueError(f"task name {name!r} must be letters, digits and '_', starting with a letter")

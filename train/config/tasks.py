@@ -82,6 +82,9 @@ class TaskConfig(Section):
     item are precomputed into a latent cache beside the data cache, and training reads them instead of
     running the encoder. The run's data settings, patch_size, initial_step and model.transformer.d_model must
     match it."""
+    stream: bool | None = None
+    """Stream the training split from the shard set at ``source`` (true), fetch files whole (false); None:
+    data.stream decides."""
     well: WellConfig | None = None
     """The dataset and windows of a task in The Well's schema; required with pde: well, refused otherwise."""
     files: DatasetFilesConfig | None = None

@@ -219,15 +219,33 @@ class EqualBatchSampler:
     def __len__(self) -> int:
         return self.stop - self.start
 
-    def __iter__(self) -> Iterator[list[int]]:
+    @property
+    def global_batch(self) -> int:
+        """Items all ranks take in one of this sampler's batches."""
+        return self.world_size * self.batch_size
+
+    def order(self) -> np.ndarray:
+        """The epoch's items in the order every rank's batches take them, as long as the epoch needs."""
         rng = np.random.default_rng([self.seed, self.stream, self.epoch])
-        needed = self.steps * self.world_size * self.batch_size
+        needed = self.steps * self.global_batch
         passes = -(-needed // self.n_items)
-        order = np.concatenate([rng.permutation(self.n_items) for _ in range(passes)])[:needed]
-        batches = order.reshape(self.steps, self.world_size, self.batch_size)[:, self.rank]
+        return np.concatenate([rng.permutation(self.n_items) for _ in range(passes)])[:needed]
+
+    def close(self) -> None:
+        """What a sampler holds beyond its numbers (a streamed one: a thread, pins); nothing here."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.order().reshape(self.steps, self.world_size, self.batch_size)[:, self.rank]
         # Sorted indices read the memory map front to back; order inside a batch does not matter.
         for batch in batches[self.start : self.stop]:
             yield np.sort(batch).tolist()
+
+
+def step_on_world_size(step: int, trained_on: int, world_size: int) -> int | None:
+    """The step of an epoch at which ``world_size`` ranks reach the sample ``trained_on`` ranks reached at
+    ``step`` (every rank takes its slice of one sequence: EqualBatchSampler); None where no step does."""
+    consumed = step * trained_on
+    return None if consumed % world_size else consumed // world_size
 
 
 def steps_for_one_pass(n_items: int, batch_size: int, world_size: int) -> int:

@@ -19,6 +19,7 @@ from train.data.dataset import (
     worker_seeding,
 )
 from train.data.device_data import DeviceLoader, DeviceTask, Placement, hold_splits, placement
+from train.data.stream.sampler import StreamSampler
 from train.disk import human
 from train.distributed.env import DistEnv
 from train.errors import ConfigError
@@ -67,9 +68,13 @@ def training_loaders(
     loaders, samplers = {}, {}
     for stream, task in enumerate(tasks):
         dataset = datasets[task.name]
-        sampler = EqualBatchSampler(
-            len(dataset), cfg.tasks[task.name].batch_size, micro_steps, env.rank, env.world_size, cfg.run.seed, stream
-        )
+        batch_size = cfg.tasks[task.name].batch_size
+        if task.info.stream is not None:
+            sampler = stream_sampler(cfg, env, task, len(dataset), micro_steps, stream, fetching=not where.on_device)
+        else:
+            sampler = EqualBatchSampler(
+                len(dataset), batch_size, micro_steps, env.rank, env.world_size, cfg.run.seed, stream
+            )
         samplers[task.name] = sampler
         if where.on_device:
             loaders[task.name] = DeviceLoader(DeviceTask(dataset, env.device), sampler, env.device)
@@ -88,6 +93,33 @@ def training_loaders(
         held = hold_splits(tasks, env.device, budget)
         log.info("validation and test trajectories held on the device: %s", human(held))
     return loaders, samplers
+
+
+def stream_sampler(
+    cfg: Config, env: DistEnv, task: TaskData, n_items: int, micro_steps: int, stream: int, fetching: bool
+) -> StreamSampler:
+    """A streamed task's sampler: the streamed order, its shards fetched ahead into the node's cache (not when
+    the whole split was gathered on the device: ``fetching`` false)."""
+    counts = [r["samples"] for r in task.info.stream["shards"]]
+    d = cfg.data
+    # Batches the loader's workers may hold before the one being handed out: their shards stay on the node.
+    behind = cfg.train.num_workers * 2 + 1
+    return StreamSampler(
+        task.info.shard_cache(),
+        counts,
+        n_items // sum(counts),
+        cfg.tasks[task.name].batch_size,
+        micro_steps,
+        env.rank,
+        env.world_size,
+        cfg.run.seed,
+        stream,
+        canonical_nodes=d.canonical_nodes,
+        block_shards=d.block_shards,
+        prefetch_blocks=d.prefetch_blocks,
+        behind_batches=behind,
+        fetching=fetching,
+    )
 
 
 def data_placement(cfg: Config, datasets: list, device: torch.device) -> Placement:

@@ -48,6 +48,7 @@ from train.checkpoint import (
 )
 from train.checkpoint import shards as checkpoint_shards
 from train.config import Config
+from train.data.dataset import step_on_world_size
 from train.distributed.collectives import broadcast_from_main
 from train.distributed.env import DistEnv
 from train.distributed.shared_checkpoint import shared_checkpoint
@@ -83,7 +84,7 @@ from train.engine.setup import (
 from train.engine.signals import StopRequest
 from train.engine.step import WholeStep, whole_step_unavailable
 from train.engine.streams import EpochStreams, draw_group, draw_probabilities, step_seed, task_draws
-from train.errors import ConfigError, DataError, Preempted
+from train.errors import ConfigError, DataError, Preempted, StoreUnavailable
 from train.model.builtin import MODELS
 from train.model.factory import check_outputs, factory_source, forward_failed
 from train.model.specs import TaskData
@@ -345,6 +346,7 @@ class Trainer:
         began = time.perf_counter()
         self.load_state_dict(saved, path)
         self.timings["resume_load_s"] = time.perf_counter() - began
+        self._continue_on_this_world_size(path)
         log.info(
             "resumed from %s (epoch %d, step %d of the epoch, global step %d)",
             path,
@@ -352,6 +354,38 @@ class Trainer:
             self.state.step_in_epoch,
             self.state.global_step,
         )
+
+    def _continue_on_this_world_size(self, path) -> None:
+        """A checkpoint of another number of ranks: the step within the epoch that reaches the same sample of the
+        epoch's sequence (every rank takes its slice of one sequence: train.data.dataset.EqualBatchSampler), so
+        that no sample of the epoch is trained twice or skipped."""
+        s, world = self.state, self.env.world_size
+        if s.world_size in (0, world):
+            s.world_size = world
+            return
+        if self.weighted:
+            raise ConfigError(
+                f"{path} was trained on {s.world_size} ranks; with train.task_sampling=weighted each rank draws its "
+                f"own tasks, so {world} ranks cannot continue its epoch: resume on {s.world_size} ranks"
+            )
+        step = step_on_world_size(s.step_in_epoch, s.world_size, world)
+        if step is None:
+            consumed = s.step_in_epoch * s.world_size
+            raise ConfigError(
+                f"{path} stopped {s.step_in_epoch} steps into epoch {s.epoch + 1} on {s.world_size} ranks: "
+                f"{consumed} batches of the epoch's sequence, not a whole number of steps on {world} ranks. Resume "
+                f"on {s.world_size} ranks, or on a number of ranks that divides {consumed}"
+            )
+        log.info(
+            "resuming on %d ranks a run trained on %d: step %d of the epoch becomes step %d (the same sample)",
+            world,
+            s.world_size,
+            s.step_in_epoch,
+            step,
+        )
+        s.step_in_epoch, s.world_size = step, world
+        if step >= self.steps:  # train.steps_per_epoch fixes steps, not samples: that epoch's samples are done
+            s.epoch, s.step_in_epoch = s.epoch + 1, 0
 
     def _check_mapped_sources(self) -> None:
         """A source file mapped in place that was rewritten while training read it: the steps since then read
@@ -426,6 +460,7 @@ class Trainer:
         self.launched_at = launched_at
         self.resume(resume_sha1)
         cfg, env, s = self.cfg, self.env, self.state
+        s.world_size = env.world_size
         if s.done(cfg.train.epochs):
             log.info("training already complete (global step %d)", s.global_step)
             return
@@ -473,6 +508,8 @@ class Trainer:
             if iterator is not None:
                 iterator._shutdown_workers()
                 loader._iterator = None
+        for sampler in self.samplers.values():
+            sampler.close()  # a streamed task's prefetch thread and its pins on the node's shard cache
 
     def _epoch(self, stop: StopRequest, sinks: MetricSinks, bar: Progress) -> None:
         cfg, s = self.cfg, self.state
@@ -485,8 +522,11 @@ class Trainer:
             if stop.agreed():
                 self._stop_for_signal(stop)
             # Once warm, one whole step (with its bookkeeping) is traced: the operations outside compiled graphs.
-            with self.watch.measured() if self.watch.wants_measure() else contextlib.nullcontext():
-                window.add(*self.train_step(streams))
+            try:
+                with self.watch.measured() if self.watch.wants_measure() else contextlib.nullcontext():
+                    window.add(*self.train_step(streams))
+            except StoreUnavailable as e:
+                self._stop_for_store(e)
             self.first_step_done = self.first_step_done or time.time()
             s.step_in_epoch += 1
             s.global_step += 1
@@ -725,6 +765,19 @@ class Trainer:
             100 * record["data_wait"],
             f", {skipped} step(s) skipped" if skipped else "",
         )
+
+    def _stop_for_store(self, error: StoreUnavailable) -> None:
+        """The shard store stopped answering: every rank waited for the same shards of the same step, so all are
+        here before that step's update. The run stops like a preemption, with a checkpoint of the step before."""
+        s = self.state
+        log.error("%s", error)
+        self.save()
+        if self.env.is_main:
+            self.run.mark_preempted(
+                {"global_step": s.global_step, "epoch": s.epoch, "step_in_epoch": s.step_in_epoch, "signal": "store"}
+            )
+        dist.barrier()
+        raise error
 
     def _stop_for_signal(self, stop: StopRequest) -> None:
         """Every rank is here at the same step: rank 0 checkpoints, marks the run as preempted, all exit 75."""

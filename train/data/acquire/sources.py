@@ -427,6 +427,7 @@ def _file_source(task: TaskConfig) -> tuple[str, TaskConfig]:
 
 def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, SplitFiles]:
     """Make every task's split files available locally; with ``dry_run`` only print what would be fetched.
+    A streamed task (Config.streamed) is left to train.data.stream and has no entry.
 
     Each task's SplitFiles carries its ``provenance`` (not in a dry run, which fetches nothing)."""
     data_dir = Path(cfg.run.data_dir)
@@ -435,6 +436,8 @@ def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, 
             log.warning("removed %s, a partial file a killed writer left behind", stale)
     found: dict[str, _Found] = {}
     for name, task in cfg.tasks.items():
+        if cfg.streamed(name):  # its shard set is read by train.data.stream, not fetched whole
+            continue
         whole_file, location = format_of(task.pde).whole_file, task.location
         if whole_file and task.source == "generate":
             found[name] = _generate(name, task, data_dir, dry_run)
@@ -455,8 +458,8 @@ def stage_data(cfg: Config, *, dry_run: bool = False, b2_api=None) -> dict[str, 
             print(line)
         return {name: f.files for name, f in found.items()}
     results = download.fetch_all(jobs, lock_dir=data_dir) if jobs else []
-    for name, task in cfg.tasks.items():
-        check_splits = format_of(task.pde).check_splits
+    for name in found:
+        check_splits = format_of(cfg.tasks[name].pde).check_splits
         if check_splits is not None:  # e.g. the files of every split are of one dataset, or nothing is cached
             check_splits({split: found[name].files.paths(split) for split in SPLITS})
     fetched = {result.dest: (store, result) for (store, _, _), result in zip(jobs, results, strict=True)}

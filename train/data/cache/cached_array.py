@@ -9,7 +9,9 @@ The bytes come from either
 
 - a ``.npy`` file in the cache folder (a strided, channels-last copy), or
 - one or more *fields* in place in a source file: each an ``(N, *rest)`` float32 array at ``offset``, of which
-  samples ``first..first + n`` belong to this array; several fields are stacked as channels, last.
+  samples ``first..first + n`` belong to this array; several fields are stacked as channels, last, or
+- the shards of a streamed split (train.data.stream): ``.npy`` files of consecutive samples in a node's shard
+  cache, each mapped when a read first needs it (and fetched, if it is not on the node).
 
 Nothing but paths and numbers survive pickling, so a DataLoader worker maps the files itself after any fork,
 and every process shares the OS page cache: one copy in RAM whatever the number of ranks and workers.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +60,21 @@ class Field:
         return cls(record["file"], int(record["offset"]), tuple(record["shape"]), record.get("channel"))
 
 
+@dataclass(frozen=True)
+class Sharded:
+    """A split's samples as shard files: ``names[i]`` holds ``counts[i]`` samples of ``sample_shape``, in order;
+    ``cache.path(name)`` is a shard's file on this node (fetched when missing)."""
+
+    cache: Any
+    names: tuple[str, ...]
+    counts: tuple[int, ...]
+    sample_shape: tuple[int, ...]
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
+
+
 class CachedArray:
     """Read-only, normalising, lazily mapped (n, ..., c) float32 array; indexing reads only what it selects."""
 
@@ -68,16 +86,20 @@ class CachedArray:
         fields: tuple[Field, ...] = (),
         first: int = 0,
         count: int = 0,
+        shards: Sharded | None = None,
     ):
-        assert (npy is None) != (not fields), "an array lies in a .npy file or in source fields"
+        assert (npy is not None) + bool(fields) + (shards is not None) == 1, "one place the bytes lie"
         self.mean = np.asarray(mean, np.float32)
         self.std = np.asarray(std, np.float32)
-        self.npy, self.fields, self.first = npy, tuple(fields), first
+        self.npy, self.fields, self.first, self.shards = npy, tuple(fields), first, shards
         if npy is not None:
             self._shape = tuple(np.load(npy, mmap_mode="r").shape)
+        elif shards is not None:
+            self._shape = (sum(shards.counts), *shards.sample_shape)
         else:
             self._shape = (count, *fields[0].sample_shape, len(fields))
         self._maps: tuple[np.ndarray, ...] | None = None
+        self._shard_maps: dict[int, np.ndarray] = {}
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -104,7 +126,7 @@ class CachedArray:
         return self._shape[0]
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_maps": None}
+        return {**self.__dict__, "_maps": None, "_shard_maps": {}}
 
     def _mapped(self) -> tuple[np.ndarray, ...]:
         if self._maps is None:
@@ -118,6 +140,8 @@ class CachedArray:
 
     def raw(self, index=slice(None)) -> np.ndarray:
         """The physical values at ``index`` (a copy, never a view of the map)."""
+        if self.shards is not None:
+            return self._sharded(*(index if isinstance(index, tuple) else (index,)))
         maps = self._mapped()
         if self.npy is not None:
             return _owned(maps[0][index])
@@ -127,6 +151,34 @@ class CachedArray:
         rows = _shift(first, self.first, len(self))
         picked = [f.pick(m[(rows, *rest)]) for f, m in zip(self.fields, maps, strict=True)]
         return _owned(picked[0][..., None]) if len(picked) == 1 else np.stack(picked, axis=-1)
+
+    def _sharded(self, first, *rest) -> np.ndarray:
+        """Samples ``first`` (an int, a slice or an index array: one sample per row) of the shards, ``rest``
+        indexing within each (arrays of it row by row with ``first``), one gather per shard touched."""
+        rows = np.arange(len(self))[first]
+        one = rows.ndim == 0
+        rows = np.atleast_1d(rows)
+        n = len(rows)
+        starts = self.shards.starts
+        which = np.searchsorted(starts, rows.reshape(n, -1)[:, 0], side="right") - 1
+        out = None
+        for shard in np.unique(which):
+            picked = np.flatnonzero(which == shard)
+            sub = tuple(r[picked] if isinstance(r, np.ndarray) and r.ndim == rows.ndim else r for r in rest)
+            part = self._shard_map(int(shard))[(rows[picked] - starts[shard], *sub)]
+            if out is None:
+                out = np.empty((n, *part.shape[1:]), np.float32)
+            out[picked] = part
+        if out is None:  # no rows selected
+            out = np.empty((0, *self._shape[1:]), np.float32)[(slice(None), *rest)]
+        # Only this read's shards stay mapped: an evicted shard's disk space is freed once no map holds it.
+        self._shard_maps = {s: m for s, m in self._shard_maps.items() if s in set(which.tolist())}
+        return out[0] if one else out
+
+    def _shard_map(self, shard: int) -> np.ndarray:
+        if shard not in self._shard_maps:
+            self._shard_maps[shard] = np.load(self.shards.cache.path(self.shards.names[shard]), mmap_mode="r")
+        return self._shard_maps[shard]
 
     def __getitem__(self, index) -> np.ndarray:
         out = self.raw(index)

@@ -1,0 +1,138 @@
+"""Streaming's parts with real files and real stores (an HTTP server and an S3-compatible one on 127.0.0.1): the
+order of an epoch, the node cache's limit, pins and verification, the plan's refusal, a resume on fewer ranks."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.http_server import FileServer
+from tests.unit.test_s3_store import s3  # noqa: F401 - the fixture
+from train.config import validate
+from train.data.dataset import step_on_world_size
+from train.data.stream.node_cache import Shard, ShardCache
+from train.data.stream.order import epoch_order, item_ranges
+from train.data.stream.sampler import StreamSampler
+from train.data.stream.shards import ShardSet
+from train.data.stream.stage import plan_stream, working_set
+from train.errors import ConfigError, DataError, StoreUnavailable
+
+
+def _shards(folder: Path, n: int, samples: int = 4, size: int = 256) -> list[Shard]:
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for i in range(n):
+        path = folder / f"train-{i:05d}.npy"
+        np.save(path, np.full((samples, size), i, np.float32))
+        shards.append(Shard(path.name, path.stat().st_size, hashlib.sha1(path.read_bytes()).hexdigest(), samples))
+    return shards
+
+
+def _sampler(cache, counts, rank, world, steps, batch=3, **kw):
+    options = {"canonical_nodes": 2, "block_shards": 2, "prefetch_blocks": 1, "behind_batches": 1} | kw
+    return StreamSampler(cache, counts, 5, batch, steps, rank, world, 7, 0, **options)
+
+
+def test_an_epoch_is_every_item_once_and_the_same_on_any_number_of_ranks(tmp_path):
+    shards = _shards(tmp_path / "set", 6, samples=4)
+    offsets = item_ranges([4] * 6, 5)
+    order = epoch_order(offsets, seed=7, stream=0, epoch=0, pass_=0, canonical_nodes=2, block_shards=2)
+    assert sorted(order.items.tolist()) == list(range(120))
+    assert epoch_order(offsets, 7, 0, 1, 0, 2, 2).items.tolist() != order.items.tolist()  # epochs differ
+    cache = ShardCache(str(tmp_path / "set"), tmp_path / "unused", shards, 10**9, 0)
+    one = [i for b in _sampler(cache, [4] * 6, 0, 1, 40) for i in b]
+    two = [_sampler(cache, [4] * 6, r, 2, 20) for r in range(2)]
+    zipped = [i for a, b in zip(*two, strict=True) for i in a + b]
+    assert Counter(one) == Counter(zipped) == Counter(order.items.tolist())
+
+
+def test_two_ranks_stopped_mid_epoch_and_resumed_on_one_train_every_sample_of_the_epoch_once(tmp_path):
+    shards = _shards(tmp_path / "set", 6, samples=4)
+    cache = ShardCache(str(tmp_path / "set"), tmp_path / "unused", shards, 10**9, 0)
+    steps_two, stopped = 20, 7
+    seen = Counter()
+    for rank in range(2):
+        sampler = _sampler(cache, [4] * 6, rank, 2, steps_two)
+        sampler.set_epoch(0, 0, stopped)
+        seen.update(i for b in sampler for i in b)
+    resumed = step_on_world_size(stopped, 2, 1)
+    assert resumed == 14 and step_on_world_size(7, 2, 4) is None  # 14 batches are not a whole step of 4 ranks
+    sampler = _sampler(cache, [4] * 6, 0, 1, 2 * steps_two)
+    sampler.set_epoch(0, resumed)
+    seen.update(i for b in sampler for i in b)
+    assert seen == Counter(range(120)), "a sample trained twice or never"
+
+
+def test_the_cache_stays_within_its_limit_and_never_evicts_a_pinned_shard(tmp_path):
+    shards = _shards(tmp_path / "store", 8)
+    with FileServer(tmp_path / "store") as server:
+        cache = ShardCache(server.url, tmp_path / "node", shards, limit=3 * shards[0].bytes, wait_s=0)
+        cache.fetch(["train-00000.npy", "train-00001.npy"])
+        cache.pin({"train-00000.npy"})
+        for name in ["train-00002.npy", "train-00003.npy", "train-00004.npy"]:
+            cache.fetch([name])
+            assert cache.usage() <= cache.limit
+        held = {p.name for p in (tmp_path / "node").glob("*.npy")}
+        assert held == {"train-00000.npy", "train-00003.npy", "train-00004.npy"}  # least recently used went
+        cache.pin({"train-00000.npy", "train-00003.npy", "train-00004.npy"})
+        with pytest.raises(ConfigError, match=r"data\.cache_limit"):
+            cache.fetch(["train-00005.npy"])
+        cache.unpin()
+
+
+def test_a_local_shard_set_is_read_in_place_and_never_evicted(tmp_path):
+    shards = _shards(tmp_path / "set", 6)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "set").iterdir()}
+    cache = ShardCache(str(tmp_path / "set"), tmp_path / "node", shards, limit=1, wait_s=0)
+    for sampler in [_sampler(cache, [4] * 6, 0, 1, 30)]:
+        assert sum(len(b) for b in sampler) == 90
+    assert cache.path("train-00003.npy") == tmp_path / "set" / "train-00003.npy"
+    assert {p.name: p.read_bytes() for p in (tmp_path / "set").iterdir()} == before
+    assert not (tmp_path / "node").exists()
+
+
+def test_a_damaged_shard_is_fetched_again_and_refused_when_the_store_keeps_it_damaged(tmp_path):
+    shards = _shards(tmp_path / "store", 2)
+    with FileServer(tmp_path / "store") as server:
+        cache = ShardCache(server.url, tmp_path / "node", shards, limit=10**6, wait_s=0)
+        server.faults["train-00000.npy"] = "drop"  # the first answer is cut short: the next one is whole
+        cache.fetch(["train-00000.npy"])
+        assert server.requests["train-00000.npy"] == 2
+        (tmp_path / "store" / "train-00001.npy").write_bytes(b"\x93NUMPY" + bytes(shards[1].bytes - 6))
+        with pytest.raises(DataError, match=r"train-00001\.npy.*differ from the shard set's manifest twice") as e:
+            cache.fetch(["train-00001.npy"])
+        assert e.value.exit_code == 3 and not (tmp_path / "node" / "train-00001.npy").exists()
+
+
+def test_a_store_that_stops_answering_is_waited_for_then_stops_the_run(tmp_path):
+    shards = _shards(tmp_path / "store", 2)
+    with FileServer(tmp_path / "store") as server:
+        cache = ShardCache(server.url, tmp_path / "node", shards, limit=10**6, wait_s=1.5)
+        server.outage_after = 0
+        with pytest.raises(StoreUnavailable, match="did not answer") as e:
+            cache.fetch(["train-00000.npy"])
+        assert e.value.exit_code == 75 and server.requests["train-00000.npy"] >= 2
+
+
+def test_shards_stream_from_an_s3_compatible_store(s3, tmp_path):  # noqa: F811
+    shards = _shards(tmp_path / "store", 2)
+    s3.create_bucket(Bucket="sets")
+    for s in shards:
+        s3.upload_file(str(tmp_path / "store" / s.name), "sets", f"adv/{s.name}")
+    cache = ShardCache("s3://sets/adv", tmp_path / "node", shards, limit=10**6, wait_s=0)
+    assert np.load(cache.path("train-00001.npy"))[0, 0] == 1
+
+
+def test_a_limit_below_the_working_set_is_refused_with_the_figures(tmp_path):
+    shard_set = ShardSet("adv", {}, [Shard(f"s{i}", 100_000, "x", 4) for i in range(20)], [])
+    cfg = validate({"tasks": {"adv": {"pde": "advection1d", "source": "/x"}}, "data": {"cache_limit": "500KB"}}, "t")
+    assert working_set(cfg, shard_set) == 1 * 2 * 3 * 100_000
+    with pytest.raises(ConfigError, match=r"limit 488.3 KiB.*below the 585.9 KiB") as e:
+        plan_stream("adv", cfg, shard_set, tmp_path)
+    assert e.value.exit_code == 2
+    ok = validate({"tasks": {"adv": {"pde": "advection1d", "source": "/x"}}, "data": {"cache_limit": "0.6MB"}}, "t")
+    assert plan_stream("adv", ok, shard_set, tmp_path) == 600_000

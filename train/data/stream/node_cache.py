@@ -1,0 +1,225 @@
+"""A node's bounded cache of one shard set's shards.
+
+Whole shards, shared by every rank and DataLoader worker of the node through a file lock, each verified (SHA1
+against the shard set's manifest) before it takes its final name, evicted least recently used. Never evicted:
+a shard some live process of the node pinned (the blocks its loader reads or fetches ahead: ``pins/<pid>``),
+and never anything of a local shard set, which is read where it lies (it has no other copy). A store that stops
+answering is waited for with back-off, then the run stops with a checkpoint (StoreUnavailable, exit 75).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from train.atomic import atomic_path, write_json_atomic
+from train.data.node_lock import node_lock
+from train.disk import human
+from train.errors import ConfigError, DataError, StoreUnavailable
+from train.hashing import file_digest
+from train.stores import is_local, local_path, open_store
+from train.stores.base import Transient
+
+log = logging.getLogger(__name__)
+
+PINS = "pins"
+LOCK = ".lock"
+FETCHED = "fetched.jsonl"  # one line per shard fetched: what the benchmark and the tests count
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard of a shard set, as its manifest lists it."""
+
+    name: str
+    bytes: int
+    sha1: str
+    samples: int
+
+    def record(self) -> dict:
+        return {"name": self.name, "bytes": self.bytes, "sha1": self.sha1, "samples": self.samples}
+
+    @classmethod
+    def from_record(cls, record: dict) -> Shard:
+        return cls(record["name"], int(record["bytes"]), record["sha1"], int(record["samples"]))
+
+
+class ShardCache:
+    """The shards of the shard set at ``url`` on this node: in ``folder`` (a remote set) or where they lie (a
+    local one), within ``limit`` bytes. Nothing but names and numbers survive pickling: a loader's worker opens
+    the store itself, and only when a shard it reads is missing."""
+
+    def __init__(self, url: str, folder: Path | str, shards: list[Shard], limit: int, wait_s: float):
+        self.url, self.limit, self.wait_s = url, int(limit), float(wait_s)
+        self.local = is_local(url)
+        self.folder = local_path(url) if self.local else Path(folder)
+        self.shards = {s.name: s for s in shards}
+        self._store = None
+        self._pinned: set[str] | None = None
+        self._lock = threading.Lock()  # the loader's thread and the prefetch thread fetch one at a time
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_store": None, "_pinned": None, "_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
+    @property
+    def store(self):
+        if self._store is None:
+            self._store = open_store(self.url)
+        return self._store
+
+    def path(self, name: str) -> Path:
+        """The shard's file on this node, fetched first if it is not here."""
+        path = self.folder / name
+        if self.local or path.is_file():
+            return path
+        self.fetch([name])
+        return path
+
+    def usage(self) -> int:
+        """Bytes of shards held now (what the limit bounds)."""
+        if self.local:
+            return 0
+        return sum(p.stat().st_size for p in self._held())
+
+    def _held(self) -> list[Path]:
+        try:
+            return [p for p in self.folder.iterdir() if p.name in self.shards]
+        except FileNotFoundError:
+            return []
+
+    # -- pins: what no process may evict -------------------------------------------------------------------
+
+    def pin(self, names: set[str]) -> None:
+        """Say which shards this process reads or fetches ahead (its blocks); they are touched, so the least
+        recently used order follows the epoch."""
+        if self.local or names == self._pinned:
+            return
+        self._pinned = set(names)
+        write_json_atomic(self.folder / PINS / str(os.getpid()), sorted(names))
+        now = time.time()
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(self.folder / name, (now, now))
+
+    def unpin(self) -> None:
+        self._pinned = None
+        (self.folder / PINS / str(os.getpid())).unlink(missing_ok=True)
+
+    def pinned(self) -> set[str]:
+        """Every live process's pins on this node (a dead process's file is removed)."""
+        names: set[str] = set()
+        for pin in (self.folder / PINS).glob("[0-9]*"):
+            if not _alive(int(pin.name)):
+                pin.unlink(missing_ok=True)
+                continue
+            try:
+                names |= set(json.loads(pin.read_text()))
+            except (OSError, ValueError):
+                continue  # being replaced: the next read sees it
+        return names
+
+    # -- fetching ------------------------------------------------------------------------------------------
+
+    def fetch(self, names: list[str], wait: bool = True) -> int:
+        """Make every shard of ``names`` present (a local set: a no-op); returns the bytes fetched. ``wait``
+        false: a store that does not answer is given up at once (the prefetch thread: the reader waits)."""
+        if self.local:
+            return 0
+        fetched = 0
+        for name in names:
+            if (self.folder / name).is_file():
+                continue
+            with self._lock, node_lock(self.folder / LOCK, f"another process fetching shards into {self.folder}"):
+                if (self.folder / name).is_file():
+                    continue  # another process fetched it while this one waited
+                shard = self.shards[name]
+                self._make_room(shard)
+                fetched += self._fetch_verified(shard, wait)
+        return fetched
+
+    def _make_room(self, shard: Shard) -> None:
+        held = sorted(self._held(), key=lambda p: p.stat().st_mtime)
+        used = sum(p.stat().st_size for p in held)
+        pinned = self.pinned()
+        for path in held:
+            if used + shard.bytes <= self.limit:
+                break
+            if path.name in pinned:
+                continue
+            size = path.stat().st_size
+            path.unlink()  # a loader's worker that mapped it reads on: the bytes go when the map does
+            used -= size
+            log.debug("shard cache: evicted %s (%s)", path.name, human(size))
+        if used + shard.bytes > self.limit:
+            raise ConfigError(
+                f"data.cache_limit={human(self.limit)} cannot hold {shard.name} ({human(shard.bytes)}) beside the "
+                f"{human(used)} of shards the node's ranks read or fetched ahead ({self.folder}): raise "
+                "data.cache_limit, or lower data.block_shards or data.prefetch_blocks"
+            )
+
+    def _fetch_verified(self, shard: Shard, wait: bool = True) -> int:
+        """Download ``shard``, verified, under its final name; a damaged copy is fetched once more, then refused."""
+        dest, sent, where = self.folder / shard.name, 0, f"{self.url.rstrip('/')}/{shard.name}"
+        for attempt in range(2):
+            try:
+                with atomic_path(dest, needed=shard.bytes) as tmp:
+                    self._download(shard, tmp, self.wait_s if wait else 0.0)
+                    sent += tmp.stat().st_size
+                    sha1 = file_digest(tmp, "sha1")["sha1"]
+                    if sha1 != shard.sha1:
+                        raise _Damaged  # inside the block: the temporary file goes, the final name is never held
+            except _Damaged:
+                if attempt == 0:
+                    log.warning("shard %s: SHA1 %s, not the manifest's %s; fetching it again", where, sha1, shard.sha1)
+                continue
+            with open(self.folder / FETCHED, "a") as f:
+                f.write(json.dumps({"name": shard.name, "bytes": shard.bytes, "time": time.time()}) + "\n")
+            return sent
+        raise DataError(
+            f"shard {where}: its bytes differ from the shard set's manifest twice (SHA1 {sha1}, expected "
+            f"{shard.sha1}): the store holds a damaged copy and nothing was trained on it; upload the shard again "
+            "(make shard writes the set) and re-run"
+        )
+
+    def _download(self, shard: Shard, tmp: Path, wait_s: float) -> None:
+        """The shard's bytes into ``tmp``; a store that does not answer is waited for, with back-off, for
+        data.store_wait_s, then the run stops with a checkpoint."""
+        start, delay = time.monotonic(), 1.0
+        while True:
+            try:
+                self.store.download(shard.name, tmp)
+                return
+            except Transient as e:
+                waited = time.monotonic() - start
+                if waited >= wait_s:
+                    raise StoreUnavailable(
+                        f"the shard store {self.url} did not answer for {waited:.0f} s (data.store_wait_s="
+                        f"{self.wait_s:g}; last: {e}); the run stopped with a checkpoint: re-run the same command "
+                        "once the store answers"
+                    ) from None
+                log.warning("shard store %s: %s; trying again in %.0f s", self.url, e, delay)
+                time.sleep(min(delay, max(wait_s - waited, 0.1)))
+                delay = min(delay * 2, 30.0)
+
+
+class _Damaged(Exception):
+    """A fetched shard's SHA1 is not the manifest's."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
