@@ -249,6 +249,13 @@ class RunDir:
     def preempted(self) -> bool:
         return self.preempted_marker.is_file()
 
+    def preempted_reason(self) -> str | None:
+        """Why the ranks stopped, where it was no signal (a shard store that stopped answering); None: a signal."""
+        try:
+            return json.loads(self.preempted_marker.read_text()).get("reason")
+        except (OSError, ValueError, AttributeError):
+            return None
+
 
 def rank_arguments(argv: list[str] | None = None) -> tuple[RunDir, LaunchRecord | None, list[str]]:
     """A rank's command line: ``--run-dir`` and, from the launcher, ``--launch-record``; returns the rest."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -14,7 +15,16 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import REPO, assert_bitwise_equal, folders, in_namespace_with_tmpfs, mount_namespace_problem, run_cli
+from tests.helpers import (
+    REPO,
+    assert_bitwise_equal,
+    folders,
+    in_namespace_with_tmpfs,
+    launch_in_background,
+    mount_namespace_problem,
+    run_cli,
+    wait_for,
+)
 from tests.http_server import FileServer
 from train.checkpoint import latest_checkpoint
 
@@ -53,9 +63,19 @@ def weights(tmp: Path, run: str) -> dict[str, torch.Tensor]:
     return saved["model"]
 
 
-def test_streamed_from_a_store_through_a_small_cache_equals_local_and_resumes_after_an_outage(shard_set, tmp_path):
-    local = run_cli(*streamed(tmp_path, str(shard_set / "adv"), "local"))
-    assert local.returncode == 0, local.stderr
+@pytest.fixture(scope="module")
+def local(shard_set, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The weights of the run reading the shard set where it lies on local disk."""
+    tmp = tmp_path_factory.mktemp("local")
+    proc = run_cli(*streamed(tmp, str(shard_set / "adv"), "local"))
+    assert proc.returncode == 0, proc.stderr
+    assert not (shard_set / "adv" / "pins").exists()  # read in place: nothing written beside the set
+    return weights(tmp, "local")
+
+
+def test_streamed_from_a_store_through_a_small_cache_equals_local_and_resumes_after_an_outage(
+    shard_set, local, tmp_path
+):
     with FileServer(shard_set) as server:
         # 60 KB of cache for 339 KiB of shards; the store goes away after the manifest, val, test and 3 shards.
         server.outage_after = 6
@@ -69,13 +89,89 @@ def test_streamed_from_a_store_through_a_small_cache_equals_local_and_resumes_af
         server.outage_after = None
         resumed = run_cli(*args)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_bitwise_equal(weights(tmp_path, "http"), weights(tmp_path, "local"))
+    assert_bitwise_equal(weights(tmp_path, "http"), local)
     cache = next((tmp_path / "cache" / "adv").glob("stream-*")) / "shards"
     held = sum(p.stat().st_size for p in cache.glob("*.npy"))
     assert held <= 60_000, held
     fetched = [json.loads(line) for line in (cache / "fetched.jsonl").read_text().splitlines()]
     assert len(fetched) > 3  # more shards than the cache holds at once went through it
-    assert not (shard_set / "adv").joinpath("pins").exists()  # the local set was read in place, nothing written
+
+
+def first_new_shards(shard_set: Path, epoch: int, after: int, world: int = 1, steps: int = 6) -> tuple[int, set[str]]:
+    """The first step of ``epoch`` from ``after`` on that needs a shard no earlier step of the run needed, and
+    those shards: the order is a pure function of the seed, so the test knows it as the run does."""
+    from train.config import TrainConfig
+    from train.data.stream.node_cache import Shard, ShardCache
+    from train.data.stream.sampler import StreamSampler
+
+    meta = json.loads((shard_set / "stream.json").read_text())
+    shards = [Shard.from_record(r) for r in meta["shards"]]
+    sampler = StreamSampler(
+        ShardCache(str(shard_set), shard_set, shards, 0, 0), [s.samples for s in shards], 17, 32, steps, 0, world, 0, 0,
+        canonical_nodes=1, block_shards=1, prefetch_blocks=1, behind_batches=2 * TrainConfig().num_workers + 1,
+    )  # fmt: skip
+    seen: set[str] = set()
+    for e in range(epoch + 1):
+        sampler.set_epoch(e)
+        passes = sampler.passes()
+        for step in range(steps):
+            first = step * sampler.global_batch
+            needed, _ = sampler._around(passes, first, first + sampler.global_batch - 1)
+            if e == epoch and step >= after and needed - seen:
+                return step, needed - seen
+            seen |= needed
+    raise AssertionError("no step of the epoch needs a shard no earlier step needed")
+
+
+def test_a_streamed_run_sigkilled_mid_epoch_resumes_with_the_uninterrupted_weights(shard_set, local, tmp_path):
+    step, missing = first_new_shards(shard_set / "adv", epoch=0, after=2)
+    log = tmp_path / "launch.log"
+    with FileServer(shard_set) as server:
+        # The shards first needed at `step` do not answer: the rank waits for them there (it would for
+        # data.store_wait_s), after the checkpoint of every step before, and is killed.
+        server.faults = {f"adv/{name}": "503" for name in missing}
+        args = streamed(tmp_path, f"{server.url}/adv", "killed", "--set", "data.cache_limit=60KB",
+                        "--set", "train.checkpoint_every=1")  # fmt: skip
+        proc = launch_in_background(*args, log=log)
+        try:
+            wait_for(lambda: "trying again" in log.read_text(), "the rank waiting for the store", 120, proc)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        checkpoint = latest_checkpoint(tmp_path / "runs" / "killed" / "checkpoints")
+        saved = torch.load(checkpoint, weights_only=False)["progress"]
+        assert (saved["epoch"], saved["step_in_epoch"]) == (0, step), saved  # mid-epoch
+        server.faults = {}
+        resumed = run_cli(*args)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"resumed from {checkpoint}" in resumed.stderr
+    assert_bitwise_equal(weights(tmp_path, "killed"), local)
+
+
+def test_two_ranks_stopped_mid_epoch_continue_on_one_at_the_same_sample(shard_set, tmp_path):
+    # One pass an epoch: 1,088 windows, 17 steps of 2 x 32 or 34 steps of 32.
+    step, missing = first_new_shards(shard_set / "adv", epoch=0, after=2, world=2, steps=17)
+    with FileServer(shard_set) as server:
+        args = streamed(tmp_path, f"{server.url}/adv", "ranks", "--set", "data.store_wait_s=1",
+                        "--set", "train.steps_per_epoch=null", "--set", "train.epochs=1")  # fmt: skip
+        dry = run_cli(*args[:1], "--dry-run", *args[1:])
+        assert dry.returncode == 0 and "22 shards, 338.8 KiB of training data" in dry.stdout, dry.stdout
+        refused = run_cli("cache", *args[1:], "--set", "data.cache_limit=20KB")
+        assert refused.returncode == 2 and "below the 47.6 KiB the stream reads at once" in refused.stderr
+        server.faults = {f"adv/{name}": "503" for name in missing}
+        two = [a if a != "1" else "2" for a in args]  # --nproc 2
+        stopped = run_cli(*two)
+        assert stopped.returncode == 75, stopped.stderr[-3000:]
+        assert "error: the shard store" in stopped.stderr and "did not answer" in stopped.stderr
+        saved = torch.load(latest_checkpoint(tmp_path / "runs" / "ranks" / "checkpoints"), weights_only=False)
+        assert (saved["progress"]["step_in_epoch"], saved["progress"]["world_size"]) == (step, 2), saved["progress"]
+        server.faults = {}
+        resumed = run_cli(*args)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step {step} of the epoch becomes step {2 * step} (the same sample)" in resumed.stderr
+    final = torch.load(latest_checkpoint(tmp_path / "runs" / "ranks" / "checkpoints"), weights_only=False)
+    # `step` steps on 2 ranks, then the 34 - 2 x step that remain of the epoch's sequence on one: every window once
+    assert final["progress"]["global_step"] == step + 34 - 2 * step and final["progress"]["epoch"] == 1
 
 
 def test_a_full_cache_disk_ends_with_exit_4_naming_the_folder(shard_set, tmp_path):

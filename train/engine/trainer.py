@@ -773,9 +773,8 @@ class Trainer:
         log.error("%s", error)
         self.save()
         if self.env.is_main:
-            self.run.mark_preempted(
-                {"global_step": s.global_step, "epoch": s.epoch, "step_in_epoch": s.step_in_epoch, "signal": "store"}
-            )
+            where = {"global_step": s.global_step, "epoch": s.epoch, "step_in_epoch": s.step_in_epoch}
+            self.run.mark_preempted({**where, "signal": None, "reason": str(error).split("; the run stopped")[0]})
         dist.barrier()
         raise error
 

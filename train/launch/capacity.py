@@ -17,6 +17,7 @@ from train.data.cache.build import window_span
 from train.data.cache.info import CacheInfo
 from train.data.dataset import target_frames
 from train.data.formats import format_of
+from train.data.stream.stage import disk_need
 from train.disk import human
 from train.model.builtin import MODELS, parameter_count
 from train.model.specs import TaskSpec
@@ -147,10 +148,14 @@ def cache_bytes(task, source: Path | None, size: int) -> int:
 
 def needs_by_filesystem(cfg: Config, caches: Mapping[str, CacheInfo | None]) -> list[tuple[Path, int, list[str]]]:
     """(an existing folder on it, bytes needed, what needs them) per filesystem: checkpoints kept plus one being
-    written, each missing source file to generate, and each missing cache (train.launch.capacity.cache_bytes)."""
+    written, each missing source file to generate, each missing cache (train.launch.capacity.cache_bytes), and
+    each streamed task's node cache (its limit) and val and test files."""
     needs = {Path(cfg.run.runs_dir): (cfg.train.keep_checkpoints + 1) * checkpoint_bytes(cfg)}
     cache_need = data_need = 0
     for name, task in cfg.tasks.items():
+        if cfg.streamed(name):  # the node cache's limit, not the dataset
+            cache_need += disk_need(cfg, name)
+            continue
         if caches.get(name) is None:
             one_file = format_of(task.pde).whole_file  # PDEBench: the dataset may be one file
             if one_file and task.source == "generate":

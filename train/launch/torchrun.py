@@ -311,9 +311,8 @@ def _ranks_failed(e, run: RunDir, cfg: Config, topology, nproc: int, module: str
     or a WorkerFailure naming each rank's failure, the first to blame first, in the ranks' own numbering."""
     preempted = all(f.exitcode == Preempted.exit_code for f in e.failures.values())
     if preempted and run.preempted:
-        raise Preempted(
-            f"stopped by a signal, checkpoint saved in {run.root}; re-run the same command to resume"
-        ) from None
+        why = run.preempted_reason() or "stopped by a signal"
+        raise Preempted(f"{why}; checkpoint saved in {run.root}; re-run the same command to resume") from None
     stopped = {-f.exitcode for f in e.failures.values()} <= {int(s) for s in STOP_SIGNALS_OF_RANKS}
     if stopped and _evaluating(run, cfg, module, worker_args):
         _stopped_while_evaluating(signal.Signals(-next(iter(e.failures.values())).exitcode))

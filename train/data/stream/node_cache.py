@@ -134,17 +134,33 @@ class ShardCache:
         false: a store that does not answer is given up at once (the prefetch thread: the reader waits)."""
         if self.local:
             return 0
-        fetched = 0
-        for name in names:
-            if (self.folder / name).is_file():
-                continue
-            with self._lock, node_lock(self.folder / LOCK, f"another process fetching shards into {self.folder}"):
-                if (self.folder / name).is_file():
-                    continue  # another process fetched it while this one waited
-                shard = self.shards[name]
-                self._make_room(shard)
-                fetched += self._fetch_verified(shard, wait)
-        return fetched
+        return sum(self._fetch_one(name, self.wait_s if wait else 0.0) for name in names)
+
+    def _fetch_one(self, name: str, wait_s: float) -> int:
+        """One shard, tried until it is here or the store has not answered for ``wait_s``. Each try holds the
+        node's lock; the pause between tries does not, so every rank of the node waits for the store side by
+        side and all give up together, not one after another."""
+        start, delay = time.monotonic(), 1.0
+        while not (self.folder / name).is_file():
+            try:
+                with self._lock, node_lock(self.folder / LOCK, f"another process fetching shards into {self.folder}"):
+                    if (self.folder / name).is_file():
+                        return 0  # another process fetched it while this one waited
+                    shard = self.shards[name]
+                    self._make_room(shard)
+                    return self._fetch_verified(shard)
+            except Transient as e:
+                waited = time.monotonic() - start
+                if waited >= wait_s:
+                    raise StoreUnavailable(
+                        f"the shard store {self.url} did not answer for {waited:.0f} s (data.store_wait_s="
+                        f"{self.wait_s:g}; last: {e}); the run stopped with a checkpoint: re-run the same command "
+                        "once the store answers"
+                    ) from None
+                log.warning("shard store %s: %s; trying again in %.0f s", self.url, e, delay)
+                time.sleep(min(delay, max(wait_s - waited, 0.1)))
+                delay = min(delay * 2, 30.0)
+        return 0
 
     def _make_room(self, shard: Shard) -> None:
         held = sorted(self._held(), key=lambda p: p.stat().st_mtime)
@@ -166,13 +182,13 @@ class ShardCache:
                 "data.cache_limit, or lower data.block_shards or data.prefetch_blocks"
             )
 
-    def _fetch_verified(self, shard: Shard, wait: bool = True) -> int:
+    def _fetch_verified(self, shard: Shard) -> int:
         """Download ``shard``, verified, under its final name; a damaged copy is fetched once more, then refused."""
         dest, sent, where = self.folder / shard.name, 0, f"{self.url.rstrip('/')}/{shard.name}"
         for attempt in range(2):
             try:
                 with atomic_path(dest, needed=shard.bytes) as tmp:
-                    self._download(shard, tmp, self.wait_s if wait else 0.0)
+                    self.store.download(shard.name, tmp)
                     sent += tmp.stat().st_size
                     sha1 = file_digest(tmp, "sha1")["sha1"]
                     if sha1 != shard.sha1:
@@ -189,26 +205,6 @@ class ShardCache:
             f"{shard.sha1}): the store holds a damaged copy and nothing was trained on it; upload the shard again "
             "(make shard writes the set) and re-run"
         )
-
-    def _download(self, shard: Shard, tmp: Path, wait_s: float) -> None:
-        """The shard's bytes into ``tmp``; a store that does not answer is waited for, with back-off, for
-        data.store_wait_s, then the run stops with a checkpoint."""
-        start, delay = time.monotonic(), 1.0
-        while True:
-            try:
-                self.store.download(shard.name, tmp)
-                return
-            except Transient as e:
-                waited = time.monotonic() - start
-                if waited >= wait_s:
-                    raise StoreUnavailable(
-                        f"the shard store {self.url} did not answer for {waited:.0f} s (data.store_wait_s="
-                        f"{self.wait_s:g}; last: {e}); the run stopped with a checkpoint: re-run the same command "
-                        "once the store answers"
-                    ) from None
-                log.warning("shard store %s: %s; trying again in %.0f s", self.url, e, delay)
-                time.sleep(min(delay, max(wait_s - waited, 0.1)))
-                delay = min(delay * 2, 30.0)
 
 
 class _Damaged(Exception):

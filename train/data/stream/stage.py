@@ -17,7 +17,7 @@ from train.data.cache.info import CACHE_FORMAT, MANIFEST, CacheInfo
 from train.data.stream.node_cache import ShardCache
 from train.data.stream.shards import STREAM_MANIFEST, ShardSet
 from train.disk import free_bytes, human
-from train.errors import ConfigError, DataError, PreflightError, StoreUnavailable
+from train.errors import ConfigError, DataError, PreflightError, StoreUnavailable, TrainError
 from train.stores import is_local, local_path, open_store
 from train.stores.base import UNREACHABLE
 
@@ -76,6 +76,17 @@ def plan_stream(name: str, cfg: Config, shard_set: ShardSet, folder: Path) -> in
             "data.cache_limit or lower block_shards or prefetch_blocks"
         )
     return limit
+
+
+def disk_need(cfg: Config, name: str) -> int:
+    """Bytes a streamed task takes on the cache disk: its cache limit (the working set where the limit is left to
+    the disk) and the files fetched whole. A set the doctor cannot read now counts the limit alone."""
+    try:
+        shard_set = read_shard_set(cfg.tasks[name].location)
+    except TrainError:
+        return cfg.data.limit_bytes or 0
+    whole = 0 if is_local(cfg.tasks[name].location) else sum(s.bytes for s in shard_set.whole)
+    return (cfg.data.limit_bytes or working_set(cfg, shard_set)) + whole
 
 
 def describe_stream(name: str, cfg: Config) -> list[str]:
