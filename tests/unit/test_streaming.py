@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.b2sim import Account
 from tests.http_server import FileServer
 from tests.unit.test_s3_store import s3  # noqa: F401 - the fixture
 from train.config import validate
@@ -125,6 +126,18 @@ def test_shards_stream_from_an_s3_compatible_store(s3, tmp_path):  # noqa: F811
         s3.upload_file(str(tmp_path / "store" / s.name), "sets", f"adv/{s.name}")
     cache = ShardCache("s3://sets/adv", tmp_path / "node", shards, limit=10**6, wait_s=0)
     assert np.load(cache.path("train-00001.npy"))[0, 0] == 1
+
+
+def test_shards_stream_from_b2(monkeypatch, tmp_path):
+    account = Account(monkeypatch)
+    shards = _shards(tmp_path / "store", 3, size=16)  # under the simulator's large-file threshold
+    for s in shards:
+        account.bucket.upload_bytes((tmp_path / "store" / s.name).read_bytes(), f"sets/adv/{s.name}")
+    cache = ShardCache("b2://pdebench/sets/adv", tmp_path / "node", shards, limit=2 * shards[0].bytes, wait_s=0)
+    cache._store = account.store("sets/adv")  # the simulated account (a rank opens b2:// from its credentials)
+    for name in ("train-00000.npy", "train-00001.npy", "train-00002.npy"):
+        assert np.load(cache.path(name))[0, 0] == int(name[-5])
+    assert {p.name for p in (tmp_path / "node").glob("*.npy")} == {"train-00001.npy", "train-00002.npy"}
 
 
 def test_a_limit_below_the_working_set_is_refused_with_the_figures(tmp_path):

@@ -356,11 +356,12 @@ class Trainer:
         )
 
     def _continue_on_this_world_size(self, path) -> None:
-        """A checkpoint of another number of ranks: the step within the epoch that reaches the same sample of the
-        epoch's sequence (every rank takes its slice of one sequence: train.data.dataset.EqualBatchSampler), so
-        that no sample of the epoch is trained twice or skipped."""
+        """A checkpoint of another number of ranks, epochs of one pass over the data: the step within the epoch
+        that reaches the same sample of the epoch's sequence (every rank takes its slice of one sequence:
+        train.data.dataset.EqualBatchSampler), so that no sample of the epoch is trained twice or skipped."""
         s, world = self.state, self.env.world_size
-        if s.world_size in (0, world):
+        if s.world_size in (0, world) or self.cfg.train.steps_per_epoch is not None:
+            # train.steps_per_epoch makes an epoch a number of steps, whatever the ranks: it goes on by steps
             s.world_size = world
             return
         if self.weighted:
@@ -384,7 +385,7 @@ class Trainer:
             step,
         )
         s.step_in_epoch, s.world_size = step, world
-        if step >= self.steps:  # train.steps_per_epoch fixes steps, not samples: that epoch's samples are done
+        if step >= self.steps:  # the few samples the new step size drops at the epoch's end
             s.epoch, s.step_in_epoch = s.epoch + 1, 0
 
     def _check_mapped_sources(self) -> None:

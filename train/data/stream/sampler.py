@@ -98,7 +98,7 @@ class StreamSampler(EqualBatchSampler):
         while (names := self._ahead.get()) is not None:
             try:
                 self.cache.fetch(names, wait=False)
-            except BaseException as e:
+            except Exception as e:  # the batch that needs the shard reports it
                 log.debug("shard prefetch: %s", e)
 
     def close(self) -> None:
