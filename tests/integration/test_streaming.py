@@ -1,7 +1,9 @@
 """Streamed training end to end, with real torchrun ranks and a real HTTP store on 127.0.0.1: a shard set written
 by `python -m train shard` trains from the store through a node cache 5x smaller than the data with the weights of
-the same run reading the set from local disk; a store that goes away mid-epoch ends the launch with exit 75 and a
-checkpoint, and the same command continues, bit for bit, once it is back; a full cache disk is exit 4."""
+the same run reading the set from local disk (its split gathered on the device); a store that goes away mid-epoch
+ends the launch with exit 75 and a checkpoint, and the same command continues, bit for bit, once it is back; a
+launch SIGKILLed mid-epoch continues bit for bit; two ranks stopped mid-epoch continue on one at the same sample;
+a dry run prints the plan, a limit below the working set is exit 2, a full cache disk exit 4."""
 
 from __future__ import annotations
 
@@ -65,10 +67,11 @@ def weights(tmp: Path, run: str) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def local(shard_set, tmp_path_factory) -> dict[str, torch.Tensor]:
-    """The weights of the run reading the shard set where it lies on local disk."""
+    """The weights of the run reading the shard set where it lies on local disk, its training split gathered on
+    the device (train.data_on_device) instead of read through the loader: the same batches either way."""
     tmp = tmp_path_factory.mktemp("local")
-    proc = run_cli(*streamed(tmp, str(shard_set / "adv"), "local"))
-    assert proc.returncode == 0, proc.stderr
+    proc = run_cli(*streamed(tmp, str(shard_set / "adv"), "local", "--set", "train.data_on_device=true"))
+    assert proc.returncode == 0 and "training data on the device" in proc.stderr, proc.stderr[-3000:]
     assert not (shard_set / "adv" / "pins").exists()  # read in place: nothing written beside the set
     return weights(tmp, "local")
 
