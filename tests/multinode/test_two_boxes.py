@@ -14,13 +14,15 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from tests.helpers import assert_bitwise_equal, startup_s
+from tests.helpers import assert_bitwise_equal, folders, run_cli, startup_s
 from tests.multinode.hosts import Box
 from train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from train.obs.sinks import read_metrics
@@ -242,3 +244,49 @@ def test_ip_netns_is_what_separates_the_boxes(boxes):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert probe.returncode != 0
+
+
+def test_two_boxes_stream_one_shard_set_into_their_own_caches_and_train_as_one_box_does(boxes, tmp_path):
+    """A shard set served from box 0 (an HTTP server in its namespace): each box's launcher fetches the val and test
+    files, each box's rank its shards, into that box's own cache; the weights are those of two ranks on one box."""
+    source = {"tasks": {"adv": {"pde": "advection1d", "n_samples": 80, "resolution": 64, "temporal_stride": 10}}}
+    (tmp_path / "source.yaml").write_text(yaml.safe_dump(source))
+    proc = run_cli("shard", "--config", str(tmp_path / "source.yaml"), *folders(tmp_path / "host"),
+                   "--output", str(tmp_path / "set"), "--shard-mb", "0.016")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+    def config(location: str, name: str) -> Path:
+        task = {"pde": "advection1d", "source": location, "initial_step": 4, "batch_size": 16}
+        streamed = {
+            "tasks": {"adv": task},
+            "model": {"name": "fno", "fno": {"modes": 8, "width": 8}},
+            "data": {"stream": True, "block_shards": 1, "cache_limit": "60KB"},
+            "train": {"epochs": 2, "steps_per_epoch": 6},
+        }
+        (tmp_path / name).write_text(yaml.safe_dump(streamed))
+        return tmp_path / name
+
+    port = next(_ports)
+    server = subprocess.Popen(
+        boxes[0].command(sys.executable, "-m", "http.server", str(port), "--bind", boxes[0].address,
+                         "--directory", str(tmp_path / "set")),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        remote = config(f"http://{boxes[0].address}:{port}/adv", "remote.yaml")
+        job = Job(boxes, tmp_path, "fit", "streamed", "--config", str(remote), "--set", "dist.timeout_s=60")
+        assert job.wait() == [0, 0], job.outputs()
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    for box in boxes:  # each box fetched into its own cache, within the limit
+        cache = next((tmp_path / box.hostname / "cache" / "adv").glob("stream-*"))
+        assert (cache / "val.npy").is_file() and (cache / "shards" / "fetched.jsonl").is_file(), box.hostname
+        assert sum(p.stat().st_size for p in (cache / "shards").glob("*.npy")) <= 60_000
+    one_box = run_cli("fit", "--config", str(config(str(tmp_path / "set" / "adv"), "local.yaml")), "--nproc", "2",
+                      "--run", "one-box", *folders(tmp_path / "host"))  # fmt: skip
+    assert one_box.returncode == 0, one_box.stderr[-3000:]
+    two = load_checkpoint(latest_checkpoint(job.run_dir(0) / "checkpoints"))
+    one = load_checkpoint(latest_checkpoint(tmp_path / "host" / "runs" / "one-box" / "checkpoints"))
+    assert two["progress"]["global_step"] == one["progress"]["global_step"] == 12
+    assert_bitwise_equal(two["model"], one["model"])

@@ -149,3 +149,22 @@ def test_a_limit_below_the_working_set_is_refused_with_the_figures(tmp_path):
     assert e.value.exit_code == 2
     ok = validate({"tasks": {"adv": {"pde": "advection1d", "source": "/x"}}, "data": {"cache_limit": "0.6MB"}}, "t")
     assert plan_stream("adv", ok, shard_set, tmp_path) == 600_000
+
+
+def test_the_cache_settings_may_change_between_launches_but_the_order_may_not():
+    from train.config import training_differences
+
+    base = {"tasks": {"adv": {"pde": "advection1d", "source": "/x"}}, "data": {"stream": True}}
+    cfg = validate(base, "t")
+    roomier = validate({**base, "data": {"stream": True, "cache_limit": "9GB", "store_wait_s": 600}}, "t")
+    reordered = validate({**base, "data": {"stream": True, "block_shards": 4}}, "t")
+    assert not training_differences(cfg, roomier)
+    assert training_differences(cfg, reordered)
+
+
+def test_the_streaming_keys_at_their_defaults_leave_a_runs_identity_as_an_earlier_version_tagged_it(repo):
+    from train.config import load_config, run_identity
+
+    # The identities the version before streaming gave these configs: remotes it wrote still hold their runs.
+    assert run_identity(load_config(repo / "configs" / "tiny.yaml")) == "25984c9b485181a8"
+    assert run_identity(load_config(repo / "configs" / "default.yaml")) == "d4e252c9afb962d7"

@@ -21,6 +21,9 @@ _RUNTIME_ONLY = (
     "run.remote",
     "obs.",
     "train.num_workers",
+    "data.cache_limit",  # where the shards wait, not which: the order is data.canonical_nodes' and block_shards'
+    "data.prefetch_blocks",
+    "data.store_wait_s",
     "train.data_on_device",  # and its share: the same batches either way
     "model.shard_units",  # how the model is spread, not what it is
     "train.find_unused_parameters",
@@ -61,9 +64,12 @@ _ADDED_LATER = {
     "train.freeze": [],
     "model.multiphysics.output": "state",
     "model.multiphysics.steady_rows": False,
+    "data.stream": False,
+    "data.canonical_nodes": 1,
+    "data.block_shards": 2,
 }
 """Keys added after runs were tagged with their identity: at these defaults they leave a run's identity as it was."""
-_ADDED_LATER_TO_TASKS = {"periodic": None}
+_ADDED_LATER_TO_TASKS = {"periodic": None, "stream": None}
 """The same, for a key of every task (``tasks.<name>.<key>``)."""
 
 
