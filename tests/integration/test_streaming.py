@@ -1,6 +1,6 @@
-"""Streamed training end to end, with real torchrun ranks and a real HTTP store on 127.0.0.1: a shard set written
-by `python -m train shard` trains from the store through a node cache 5x smaller than the data with the weights of
-the same run reading the set from local disk (its split gathered on the device); a store that goes away mid-epoch
+"""Streamed training end to end, with real torchrun ranks and real stores on 127.0.0.1 (an HTTP server, moto's S3
+server): a shard set written by `python -m train shard` trains from either store through a node cache 5x smaller
+than the data with the weights of the same run reading the set from local disk (its split gathered on the device); a store that goes away mid-epoch
 ends the launch with exit 75 and a checkpoint, and the same command continues, bit for bit, once it is back; a
 launch SIGKILLed mid-epoch continues bit for bit; two ranks stopped mid-epoch continue on one at the same sample;
 a dry run prints the plan, a limit below the working set is exit 2, a full cache disk exit 4."""
@@ -28,6 +28,7 @@ from tests.helpers import (
     wait_for,
 )
 from tests.http_server import FileServer
+from tests.unit.test_s3_store import s3  # noqa: F401 - the fixture: moto's S3 server on 127.0.0.1
 from train.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -98,6 +99,15 @@ def test_streamed_from_a_store_through_a_small_cache_equals_local_and_resumes_af
     assert held <= 60_000, held
     fetched = [json.loads(line) for line in (cache / "fetched.jsonl").read_text().splitlines()]
     assert len(fetched) > 3  # more shards than the cache holds at once went through it
+
+
+def test_streamed_from_an_s3_compatible_store_equals_local(shard_set, local, s3, tmp_path):  # noqa: F811
+    s3.create_bucket(Bucket="sets")
+    for path in sorted((shard_set / "adv").iterdir()):
+        s3.upload_file(str(path), "sets", f"pdebench/adv/{path.name}")
+    proc = run_cli(*streamed(tmp_path, "s3://sets/pdebench/adv", "s3", "--set", "data.cache_limit=60KB"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_bitwise_equal(weights(tmp_path, "s3"), local)
 
 
 def first_new_shards(shard_set: Path, epoch: int, after: int, world: int = 1, steps: int = 6) -> tuple[int, set[str]]:
