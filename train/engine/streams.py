@@ -1,18 +1,24 @@
 """What each micro-step of an epoch trains on: which tasks, which batches, which random seed.
 
 Everything is a pure function of (seed, rank, epoch, micro-step), so a run resumed at any step position
-replays exactly the batches, task draws and dropout masks of the uninterrupted run.
+replays exactly the batches, task draws and dropout masks of the uninterrupted run; a run resumed on another
+number of ranks continues the epoch's sequence of samples at the same sample (:func:`continue_on_world_size`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from train.data.dataset import EqualBatchSampler
+from train.checkpoint import RunState
+from train.data.dataset import EqualBatchSampler, step_on_world_size
+from train.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def draw_probabilities(weights: list[float], sizes: list[int], alpha: float) -> np.ndarray:
@@ -77,3 +83,39 @@ class EpochStreams:
 
     def batches_at(self, micro_step: int) -> dict[str, dict[str, torch.Tensor]]:
         return {name: next(self.iterators[name]) for name in self.tasks_at(micro_step)}
+
+
+def continue_on_world_size(state: RunState, world: int, steps: int, fixed_steps: bool, weighted: bool, path) -> None:
+    """``state``, read from checkpoint ``path``, continued on ``world`` ranks. Trained on another number and with
+    epochs of one pass over the data (not ``fixed_steps``: train.steps_per_epoch unset), the step within the epoch
+    becomes the one that reaches the same sample of the epoch's sequence (every rank takes its slice of one
+    sequence: EqualBatchSampler), so that no sample of the epoch is trained twice or skipped; ``steps``: steps
+    per epoch on ``world`` ranks."""
+    s = state
+    if s.world_size in (0, world) or fixed_steps:
+        # train.steps_per_epoch makes an epoch a number of steps, whatever the ranks: it goes on by steps
+        s.world_size = world
+        return
+    if weighted:
+        raise ConfigError(
+            f"{path} was trained on {s.world_size} ranks; with train.task_sampling=weighted each rank draws its "
+            f"own tasks, so {world} ranks cannot continue its epoch: resume on {s.world_size} ranks"
+        )
+    step = step_on_world_size(s.step_in_epoch, s.world_size, world)
+    if step is None:
+        consumed = s.step_in_epoch * s.world_size
+        raise ConfigError(
+            f"{path} stopped {s.step_in_epoch} steps into epoch {s.epoch + 1} on {s.world_size} ranks: "
+            f"{consumed} batches of the epoch's sequence, not a whole number of steps on {world} ranks. Resume "
+            f"on {s.world_size} ranks, or on a number of ranks that divides {consumed}"
+        )
+    log.info(
+        "resuming on %d ranks a run trained on %d: step %d of the epoch becomes step %d (the same sample)",
+        world,
+        s.world_size,
+        s.step_in_epoch,
+        step,
+    )
+    s.step_in_epoch, s.world_size = step, world
+    if step >= steps:  # the few samples the new step size drops at the epoch's end
+        s.epoch, s.step_in_epoch = s.epoch + 1, 0

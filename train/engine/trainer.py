@@ -48,7 +48,6 @@ from train.checkpoint import (
 )
 from train.checkpoint import shards as checkpoint_shards
 from train.config import Config
-from train.data.dataset import step_on_world_size
 from train.distributed.collectives import broadcast_from_main
 from train.distributed.env import DistEnv
 from train.distributed.shared_checkpoint import shared_checkpoint
@@ -83,7 +82,14 @@ from train.engine.setup import (
 )
 from train.engine.signals import StopRequest
 from train.engine.step import WholeStep, whole_step_unavailable
-from train.engine.streams import EpochStreams, draw_group, draw_probabilities, step_seed, task_draws
+from train.engine.streams import (
+    EpochStreams,
+    continue_on_world_size,
+    draw_group,
+    draw_probabilities,
+    step_seed,
+    task_draws,
+)
 from train.errors import ConfigError, DataError, Preempted, StoreUnavailable
 from train.model.builtin import MODELS
 from train.model.factory import check_outputs, factory_source, forward_failed
@@ -346,7 +352,8 @@ class Trainer:
         began = time.perf_counter()
         self.load_state_dict(saved, path)
         self.timings["resume_load_s"] = time.perf_counter() - began
-        self._continue_on_this_world_size(path)
+        fixed_steps = self.cfg.train.steps_per_epoch is not None
+        continue_on_world_size(self.state, self.env.world_size, self.steps, fixed_steps, self.weighted, path)
         log.info(
             "resumed from %s (epoch %d, step %d of the epoch, global step %d)",
             path,
@@ -354,39 +361,6 @@ class Trainer:
             self.state.step_in_epoch,
             self.state.global_step,
         )
-
-    def _continue_on_this_world_size(self, path) -> None:
-        """A checkpoint of another number of ranks, epochs of one pass over the data: the step within the epoch
-        that reaches the same sample of the epoch's sequence (every rank takes its slice of one sequence:
-        train.data.dataset.EqualBatchSampler), so that no sample of the epoch is trained twice or skipped."""
-        s, world = self.state, self.env.world_size
-        if s.world_size in (0, world) or self.cfg.train.steps_per_epoch is not None:
-            # train.steps_per_epoch makes an epoch a number of steps, whatever the ranks: it goes on by steps
-            s.world_size = world
-            return
-        if self.weighted:
-            raise ConfigError(
-                f"{path} was trained on {s.world_size} ranks; with train.task_sampling=weighted each rank draws its "
-                f"own tasks, so {world} ranks cannot continue its epoch: resume on {s.world_size} ranks"
-            )
-        step = step_on_world_size(s.step_in_epoch, s.world_size, world)
-        if step is None:
-            consumed = s.step_in_epoch * s.world_size
-            raise ConfigError(
-                f"{path} stopped {s.step_in_epoch} steps into epoch {s.epoch + 1} on {s.world_size} ranks: "
-                f"{consumed} batches of the epoch's sequence, not a whole number of steps on {world} ranks. Resume "
-                f"on {s.world_size} ranks, or on a number of ranks that divides {consumed}"
-            )
-        log.info(
-            "resuming on %d ranks a run trained on %d: step %d of the epoch becomes step %d (the same sample)",
-            world,
-            s.world_size,
-            s.step_in_epoch,
-            step,
-        )
-        s.step_in_epoch, s.world_size = step, world
-        if step >= self.steps:  # the few samples the new step size drops at the epoch's end
-            s.epoch, s.step_in_epoch = s.epoch + 1, 0
 
     def _check_mapped_sources(self) -> None:
         """A source file mapped in place that was rewritten while training read it: the steps since then read
