@@ -1,9 +1,10 @@
 """Streamed training end to end, with real torchrun ranks and real stores on 127.0.0.1 (an HTTP server, moto's S3
 server): a shard set written by `python -m train shard` trains from either store through a node cache 5x smaller
-than the data with the weights of the same run reading the set from local disk (its split gathered on the device); a store that goes away mid-epoch
-ends the launch with exit 75 and a checkpoint, and the same command continues, bit for bit, once it is back; a
-launch SIGKILLed mid-epoch continues bit for bit; two ranks stopped mid-epoch continue on one at the same sample;
-a dry run prints the plan, a limit below the working set is exit 2, a full cache disk exit 4."""
+than the data with the weights of the same run reading the set from local disk (its split gathered on the
+device); a store that goes away mid-epoch ends the launch with exit 75 and a checkpoint, and the same command
+continues, bit for bit, once it is back; a launch SIGKILLed mid-epoch continues bit for bit; two ranks stopped
+mid-epoch continue on one at the same sample; a dry run prints the plan, a limit below the working set is exit 2,
+a full cache disk exit 4."""
 
 from __future__ import annotations
 

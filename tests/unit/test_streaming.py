@@ -168,3 +168,22 @@ def test_the_streaming_keys_at_their_defaults_leave_a_runs_identity_as_an_earlie
     # The identities the version before streaming gave these configs: remotes it wrote still hold their runs.
     assert run_identity(load_config(repo / "configs" / "tiny.yaml")) == "25984c9b485181a8"
     assert run_identity(load_config(repo / "configs" / "default.yaml")) == "d4e252c9afb962d7"
+
+
+def test_the_doctors_disk_plan_counts_the_cache_not_the_data(tmp_path):
+    import json
+
+    from train.data.stream.stage import disk_need
+
+    shards = _shards(tmp_path / "set", 10, size=1000)  # 10 shards of about 16 KB: 160 KB of data
+    manifest = {"format": 1, "task": "adv", "cache": {}, "shards": [s.record() for s in shards], "whole": []}
+    (tmp_path / "set" / "stream.json").write_text(json.dumps(manifest))
+    task = {"adv": {"pde": "advection1d", "source": str(tmp_path / "set")}}
+    cfg = validate({"tasks": task, "data": {"stream": True, "block_shards": 1}}, "t")
+    assert disk_need(cfg, "adv") == 3 * shards[0].bytes  # the working set: a block, the one before, one ahead
+    cfg = validate({"tasks": task, "data": {"stream": True, "cache_limit": "50KB"}}, "t")
+    assert disk_need(cfg, "adv") == 50_000
+    remote = validate(
+        {"tasks": {"adv": {"pde": "advection1d", "source": "https://x/set"}}, "data": {"stream": True}}, "t"
+    )
+    assert disk_need(remote, "adv") == 0  # not seen yet, and the doctor does not go to the network

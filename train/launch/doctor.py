@@ -429,7 +429,8 @@ def check_data(cfg: Config, facts: Facts) -> Check:
         if source == "generate":
             notes.append(f"{name}: generated locally")
         elif source.startswith(("https://", "http://")):
-            notes.append(f"{name}: {source} (downloaded over HTTPS)")
+            how = "a shard set, streamed" if cfg.streamed(name) else "downloaded over HTTPS"
+            notes.append(f"{name}: {source} ({how})")
         elif source.startswith("s3://"):
             endpoint = facts.environ.get("AWS_ENDPOINT_URL_S3") or facts.environ.get("AWS_ENDPOINT_URL")
             notes.append(f"{name}: {source} (S3-compatible, {endpoint or 'Amazon S3'}; boto3's credentials)")

@@ -14,7 +14,7 @@ from train.atomic import atomic_dir, write_json_atomic
 from train.config import Config
 from train.data.cache.build import building_caches, window_span, write_window_index
 from train.data.cache.info import CACHE_FORMAT, MANIFEST, CacheInfo
-from train.data.stream.node_cache import ShardCache
+from train.data.stream.node_cache import Shard, ShardCache
 from train.data.stream.shards import STREAM_MANIFEST, ShardSet
 from train.disk import free_bytes, human
 from train.errors import ConfigError, DataError, PreflightError, StoreUnavailable, TrainError
@@ -79,14 +79,20 @@ def plan_stream(name: str, cfg: Config, shard_set: ShardSet, folder: Path) -> in
 
 
 def disk_need(cfg: Config, name: str) -> int:
-    """Bytes a streamed task takes on the cache disk: its cache limit (the working set where the limit is left to
-    the disk) and the files fetched whole. A set the doctor cannot read now counts the limit alone."""
-    try:
-        shard_set = read_shard_set(cfg.tasks[name].location)
-    except TrainError:
+    """Bytes a streamed task takes on the cache disk, without touching the network (the doctor's disk plan): its
+    cache limit, or where the limit is left to the disk, the working set of a set this node can read (local, or
+    prepared by an earlier launch) and the files it fetched whole; 0 for a remote set not seen yet."""
+    location = cfg.tasks[name].location
+    if is_local(location):
+        try:
+            return cfg.data.limit_bytes or working_set(cfg, read_shard_set(location))
+        except TrainError:
+            return cfg.data.limit_bytes or 0  # the data check says what is wrong with it
+    seen = sorted((Path(cfg.run.cache_dir) / name).glob(f"stream-*/{MANIFEST}"), key=lambda p: p.stat().st_mtime)
+    if not seen:
         return cfg.data.limit_bytes or 0
-    whole = 0 if is_local(cfg.tasks[name].location) else sum(s.bytes for s in shard_set.whole)
-    return (cfg.data.limit_bytes or working_set(cfg, shard_set)) + whole
+    shards = [Shard.from_record(r) for r in json.loads(seen[-1].read_text()).get("stream", {}).get("shards", [])]
+    return cfg.data.limit_bytes or (working_set(cfg, ShardSet(name, {}, shards, [])) if shards else 0)
 
 
 def describe_stream(name: str, cfg: Config) -> list[str]:
