@@ -3,8 +3,8 @@ server): a shard set written by `python -m train shard` trains from either store
 than the data with the weights of the same run reading the set from local disk (its split gathered on the
 device); a store that goes away mid-epoch ends the launch with exit 75 and a checkpoint, and the same command
 continues, bit for bit, once it is back; a launch SIGKILLed mid-epoch continues bit for bit; two ranks stopped
-mid-epoch continue on one at the same sample; a dry run prints the plan, a limit below the working set is exit 2,
-a full cache disk exit 4."""
+mid-epoch continue on one at the same sample; a dataset in The Well's schema streams with its constant channels; a
+dry run prints the plan, a limit below the working set is exit 2, a full cache disk exit 4."""
 
 from __future__ import annotations
 
@@ -109,6 +109,28 @@ def test_streamed_from_an_s3_compatible_store_equals_local(shard_set, local, s3,
     proc = run_cli(*streamed(tmp_path, "s3://sets/pdebench/adv", "s3", "--set", "data.cache_limit=60KB"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_bitwise_equal(weights(tmp_path, "s3"), local)
+
+
+def test_a_well_dataset_streams_with_its_constant_channels_as_it_trains_from_local_disk(tmp_path):
+    """The Well's schema (the Gray-Scott demo: two fields, constant scalars, periodic): its shard set streamed over
+    HTTP trains the weights of the same set read from local disk; the constant channels are fetched whole."""
+    short = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=4", "--set", "model.fno.width=8"]
+    proc = run_cli("shard", "--config", "configs/well.yaml", *folders(tmp_path), "--output", str(tmp_path / "set"),
+                   "--shard-mb", "2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    names = {p.name for p in (tmp_path / "set" / "gray_scott").iterdir()}
+    assert {"train-00000.npy", "train_const.npy", "val_const.npy", "test_const.npy", "stream.json"} <= names
+    runs = {}
+    with FileServer(tmp_path / "set") as server:
+        for run, source in (("local", str(tmp_path / "set" / "gray_scott")), ("http", f"{server.url}/gray_scott")):
+            args = ["fit", "--config", "configs/well.yaml", "--nproc", "1", "--run", run, *folders(tmp_path), *short]
+            stream = ["--set", f"tasks.gray_scott.source={source}", "--set", "data.stream=true"]
+            proc = run_cli(*args, *stream, "--set", "data.block_shards=1", "--set", "data.cache_limit=8MB")
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            saved = torch.load(latest_checkpoint(tmp_path / "runs" / run / "checkpoints"), weights_only=False)
+            assert saved["progress"]["global_step"] == 4
+            runs[run] = saved["model"]
+    assert_bitwise_equal(runs["http"], runs["local"])
 
 
 def first_new_shards(shard_set: Path, epoch: int, after: int, world: int = 1, steps: int = 6) -> tuple[int, set[str]]:
