@@ -70,7 +70,9 @@ def test_a_signal_to_the_launcher_reaches_the_ranks_and_sets_the_exit_code(tmp_p
     log = tmp_path / "runs" / "tiny" / "logs" / "rank1.log"
     try:
         deadline = time.monotonic() + 60 * startup_s()
-        while time.monotonic() < deadline and not (log.is_file() and "training" in log.read_text()):
+        # "training from epoch": the loop that turns a stop request into a checkpoint has begun (rank 1's earlier
+        # line "training data read ..." comes before it, and a signal then ends the ranks without one)
+        while time.monotonic() < deadline and not (log.is_file() and "training from epoch" in log.read_text()):
             time.sleep(0.2)
         assert log.is_file(), "rank 1 never started"
         proc.send_signal(signal.SIGUSR1)
