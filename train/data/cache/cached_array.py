@@ -172,7 +172,8 @@ class CachedArray:
         if out is None:  # no rows selected
             out = np.empty((0, *self._shape[1:]), np.float32)[(slice(None), *rest)]
         # Only this read's shards stay mapped: an evicted shard's disk space is freed once no map holds it.
-        self._shard_maps = {s: m for s, m in self._shard_maps.items() if s in set(which.tolist())}
+        read = set(which.tolist())
+        self._shard_maps = {s: m for s, m in self._shard_maps.items() if s in read}
         return out[0] if one else out
 
     def _shard_map(self, shard: int) -> np.ndarray:
