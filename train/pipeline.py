@@ -22,6 +22,7 @@ from train.data.acquire.sources import SplitFiles, stage_data
 from train.data.cache.build import build_cache, building_caches, window_span, write_window_index
 from train.data.cache.info import CacheInfo
 from train.data.dataset import target_frames
+from train.data.stream.published import index_published
 from train.data.stream.shards import write_shard_set
 from train.data.stream.stage import describe_stream, prepare_stream
 from train.disk import human
@@ -107,12 +108,23 @@ def stage_cache(cfg: Config, sources: dict[str, SplitFiles]) -> dict[str, dict[s
     return folders
 
 
-def write_shard_sets(cfg: Config, out: Path, shard_bytes: int) -> None:
-    """Every task's cache (built first where needed) as a shard set in ``out/<task>`` (train.data.stream)."""
+def write_shard_sets(cfg: Config, out: Path, shard_bytes: int, published: bool = False) -> None:
+    """Every task's cache (built first where needed) as a shard set in ``out/<task>`` (train.data.stream);
+    ``published``: each task's files as they are published, read once where they lie, and only the manifest
+    written (train.data.stream.published)."""
     # The shards are written from the files themselves, whatever the config says of streaming them later.
     tasks = {name: task.model_copy(update={"stream": False}) for name, task in cfg.tasks.items()}
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"stream": False}), "tasks": tasks})
     require_writable_folders(cfg, "cache")
+    if published:
+        for name, task in cfg.tasks.items():
+            shard_set = index_published(name, task, out / name, Path(cfg.run.cache_dir))
+            print(
+                f"{out / name}/stream.json: {len(shard_set.shards)} files as published, {human(shard_set.nbytes)}, "
+                f"at {shard_set.published['files']}; stream them with tasks.{name}.source={out / name} (or the "
+                "store you copy stream.json to) and data.stream=true"
+            )
+        return
     sources = stage_data(cfg)
     root = Path(cfg.run.cache_dir)
     for name, task in cfg.tasks.items():

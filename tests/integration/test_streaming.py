@@ -14,6 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
+import h5py
 import pytest
 import torch
 import yaml
@@ -111,26 +112,51 @@ def test_streamed_from_an_s3_compatible_store_equals_local(shard_set, local, s3,
     assert_bitwise_equal(weights(tmp_path, "s3"), local)
 
 
-def test_a_well_dataset_streams_with_its_constant_channels_as_it_trains_from_local_disk(tmp_path):
-    """The Well's schema (the Gray-Scott demo: two fields, constant scalars, periodic): its shard set streamed over
-    HTTP trains the weights of the same set read from local disk; the constant channels are fetched whole."""
+def test_the_wells_files_as_published_stream_over_http_with_the_weights_of_their_repacked_shards(tmp_path):
+    """The Well's schema (the Gray-Scott demo: four files a split, two fields, constant scalars, periodic) served
+    over HTTP as published: ``shard --published`` reads the files once from the server and writes only the
+    manifest; the run that streams the files through a cache smaller than them (each converted on the node,
+    its constant channels too) trains the weights of the run reading the same trajectories repacked into shards
+    of one file each from local disk: the same bytes, statistics and order."""
+    from train.data.cache.info import CacheInfo
+    from train.data.stream.shards import write_shard_set
+
     short = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=4", "--set", "model.fno.width=8"]
-    proc = run_cli("shard", "--config", "configs/well.yaml", *folders(tmp_path), "--output", str(tmp_path / "set"),
-                   "--shard-mb", "2")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    names = {p.name for p in (tmp_path / "set" / "gray_scott").iterdir()}
-    assert {"train-00000.npy", "train_const.npy", "val_const.npy", "test_const.npy", "stream.json"} <= names
+    base = ["--config", "configs/well.yaml", *folders(tmp_path)]
+    assert run_cli("cache", *base).returncode == 0
+    (built,) = (tmp_path / "cache" / "gray_scott").iterdir()
+    files = sorted((tmp_path / "data" / "gray_scott" / "data" / "train").iterdir())
+    counts = []
+    for file in files:
+        with h5py.File(file) as f:
+            counts.append(int(f.attrs["n_trajectories"]))
+    write_shard_set("gray_scott", CacheInfo.load(built), tmp_path / "repacked", counts=counts)
     runs = {}
-    with FileServer(tmp_path / "set") as server:
-        for run, source in (("local", str(tmp_path / "set" / "gray_scott")), ("http", f"{server.url}/gray_scott")):
-            args = ["fit", "--config", "configs/well.yaml", "--nproc", "1", "--run", run, *folders(tmp_path), *short]
-            stream = ["--set", f"tasks.gray_scott.source={source}", "--set", "data.stream=true"]
-            proc = run_cli(*args, *stream, "--set", "data.block_shards=1", "--set", "data.cache_limit=8MB")
+    with FileServer(tmp_path / "data") as server:
+        source = ["--set", f"tasks.gray_scott.source={server.url}/gray_scott"]
+        proc = run_cli("shard", *base, *source, "--published", "--output", str(tmp_path / "set"))
+        assert proc.returncode == 0, proc.stderr
+        assert [p.name for p in (tmp_path / "set" / "gray_scott").iterdir()] == ["stream.json"]
+        for run, where in (("repacked", tmp_path / "repacked"), ("published", tmp_path / "set" / "gray_scott")):
+            stream = ["--set", f"tasks.gray_scott.source={where}", "--set", "data.stream=true"]
+            small = [
+                "--set",
+                "data.block_shards=1",
+                "--set",
+                "data.prefetch_blocks=0",
+                "--set",
+                "data.cache_limit=15MB",
+            ]
+            proc = run_cli("fit", *base, "--nproc", "1", "--run", run, *short, *stream, *small)
             assert proc.returncode == 0, proc.stderr[-3000:]
             saved = torch.load(latest_checkpoint(tmp_path / "runs" / run / "checkpoints"), weights_only=False)
             assert saved["progress"]["global_step"] == 4
             runs[run] = saved["model"]
-    assert_bitwise_equal(runs["http"], runs["local"])
+    assert_bitwise_equal(runs["published"], runs["repacked"])
+    (shards,) = (tmp_path / "cache" / "gray_scott").glob("stream-*/shards")
+    fetched = [json.loads(line)["name"] for line in (shards / "fetched.jsonl").read_text().splitlines()]
+    assert fetched and all(n.startswith("data/train/") for n in fetched)  # the published files, as they are
+    assert not list((shards / ".downloads").iterdir())  # converted, the downloads gone
 
 
 def first_new_shards(shard_set: Path, epoch: int, after: int, world: int = 1, steps: int = 6) -> tuple[int, set[str]]:

@@ -187,3 +187,100 @@ def test_the_doctors_disk_plan_counts_the_cache_not_the_data(tmp_path):
         {"tasks": {"adv": {"pde": "advection1d", "source": "https://x/set"}}, "data": {"stream": True}}, "t"
     )
     assert disk_need(remote, "adv") == 0  # not seen yet, and the doctor does not go to the network
+
+
+@pytest.fixture(scope="module")
+def well(tmp_path_factory) -> Path:
+    """The Gray-Scott demo in The Well's layout (data/{train,valid,test}/, four files a split), small."""
+    from train.data.acquire.generate_well import generate_gray_scott
+
+    return generate_gray_scott(tmp_path_factory.mktemp("well"), resolution=8, frames=10, every=2, burn_in=4)
+
+
+def _well_task(source: str):
+    well = {"n_steps_input": 4, "n_steps_output": 1, "dt_stride": 1}
+    return validate({"tasks": {"gs": {"pde": "well", "source": source, "well": well}}}, "t").tasks["gs"]
+
+
+def _reader_values(task, path: Path) -> dict[str, np.ndarray]:
+    from train.data.formats import open_reader
+
+    reader = open_reader([path], task)
+    try:
+        blocks = list(reader.parts(range(reader.n_samples)))
+        return {part: np.concatenate([b[part] for b in blocks]) for part in blocks[0]}
+    finally:
+        reader.close()
+
+
+def _published_cache(shard_set: ShardSet, url: str, folder: Path, limit: int) -> ShardCache:
+    from train.data.stream.convert import PARTS, Converted
+
+    parts = tuple(p for p in PARTS if p != "const" or shard_set.cache["const_channels"])
+    convert = Converted(shard_set.published["task"], parts, shard_set.sample_bytes)
+    return ShardCache(url, folder, shard_set.shards, limit=limit, wait_s=0, convert=convert)
+
+
+def test_the_wells_files_as_published_are_shards_converted_on_the_node_and_never_evicted_at_the_source(well, tmp_path):
+    """A local published set: each file is verified and converted into the node's folder (the values its reader
+    gives, constant channels apart), the conversions are evicted within the limit, the files never touched."""
+    from train.data.stream.published import index_published
+
+    task = _well_task(str(well))
+    shard_set = index_published("gs", task, tmp_path / "set", tmp_path / "scratch")
+    assert [p.name for p in (tmp_path / "set").iterdir()] == ["stream.json"] and shard_set.published
+    assert [s.samples for s in shard_set.shards] == [8, 8, 10, 12] and len(shard_set.whole) == 8
+    before = {p: p.stat().st_mtime_ns for p in well.rglob("*.hdf5")}
+    limit = 2 * shard_set.largest + shard_set.download
+    cache = _published_cache(shard_set, shard_set.published["files"], tmp_path / "node", limit)
+    for shard in shard_set.shards:
+        values = _reader_values(task, well / shard.name)
+        assert np.array_equal(np.load(cache.path(shard.name)), values[""])
+        assert np.array_equal(np.load(cache.path(shard.name, "const")), values["const"])
+        assert cache.usage() <= limit
+    assert len(cache._held()) == 2 and {p: p.stat().st_mtime_ns for p in well.rglob("*.hdf5")} == before
+
+
+def test_published_files_stream_from_s3_and_b2_and_a_damaged_one_is_refused(well, s3, monkeypatch, tmp_path):  # noqa: F811
+    """The files in an S3-compatible store and in B2, as published: the index lists and reads them there, a node
+    converts what it fetches; a file whose bytes differ from the manifest is fetched again, then refused (exit 3)
+    with nothing converted."""
+    from train.data.stream.published import index_published
+
+    s3.create_bucket(Bucket="well")
+    account = Account(monkeypatch)
+    for path in sorted(well.rglob("*.hdf5")):
+        name = path.relative_to(well).as_posix()
+        s3.upload_file(str(path), "well", f"gray_scott/{name}")
+        account.bucket.upload_bytes(path.read_bytes(), f"sets/gs/{name}")
+    shard_set = index_published("gs", _well_task("s3://well/gray_scott"), tmp_path / "set", tmp_path / "scratch")
+    assert shard_set.published["files"] == "s3://well/gray_scott" and not list((tmp_path / "scratch").iterdir())
+    local = index_published("gs", _well_task(str(well)), tmp_path / "local", tmp_path / "scratch")
+    assert shard_set.cache["input_mean"] == local.cache["input_mean"] and shard_set.shards == local.shards
+    first = shard_set.shards[0]
+    cache = _published_cache(shard_set, "s3://well/gray_scott", tmp_path / "node", 2**30)
+    expected = _reader_values(_well_task(str(well)), well / first.name)[""]
+    assert np.array_equal(np.load(cache.path(first.name)), expected)
+    b2 = _published_cache(shard_set, "b2://pdebench/sets/gs", tmp_path / "node-b2", 2**30)
+    b2._store = account.store("sets/gs")  # the simulated account (a rank opens b2:// from its credentials)
+    assert np.array_equal(np.load(b2.path(first.name)), expected)
+    damaged = shard_set.shards[1]
+    s3.put_object(Bucket="well", Key=f"gray_scott/{damaged.name}", Body=(well / first.name).read_bytes())
+    with pytest.raises(DataError, match=r"differ from the shard set's manifest twice") as e:
+        cache.fetch([damaged.name])
+    assert e.value.exit_code == 3 and not any("maze" in p.name for p in (tmp_path / "node").iterdir())
+
+
+def test_a_dataset_not_published_as_many_files_is_repacked_instead(well, tmp_path):
+    from train.data.stream.published import published_files
+
+    pdebench = validate({"tasks": {"adv": {"pde": "advection1d", "source": "/x"}}}, "t").tasks["adv"]
+    with pytest.raises(
+        ConfigError, match=r"tasks\.adv: pde advection1d is not published as many files.*make shard \(without"
+    ):
+        published_files("adv", pdebench)
+    (tmp_path / "gs" / "data" / "train").mkdir(parents=True)
+    for path in (well / "data" / "train").iterdir():
+        (tmp_path / "gs" / "data" / "train" / path.name).symlink_to(path)
+    with pytest.raises(ConfigError, match=r"tasks\.gs: .* has no val files of its own \(data/valid/\*\.hdf5\)"):
+        published_files("gs", _well_task(str(tmp_path / "gs")))

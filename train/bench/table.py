@@ -133,6 +133,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
             "bytes fetched per epoch <= 1.1x the data",
             "cache never above its limit",
             "time to first step of a 4x larger set within 25%",
+            "the Well's files streamed as published: samples/s >= 90% of their repacked shards on local disk",
         ),
         (
             Option("samples", 1024, "trajectories of the data set"),

@@ -27,7 +27,7 @@ from train.atomic import atomic_dir, atomic_path, write_json_atomic
 from train.config import TaskConfig
 from train.data.acquire.sources import SplitFiles
 from train.data.cache import in_place
-from train.data.cache.cached_array import mapped_array
+from train.data.cache.cached_array import NpyWriter
 from train.data.cache.in_place import ChannelStats, Placed, file_identity
 from train.data.cache.info import CACHE_FORMAT, MANIFEST, CacheInfo, array_name, changed_mapped_sources
 from train.data.cache.running_stats import RunningStats
@@ -247,27 +247,6 @@ def _plan(task: TaskConfig, files: SplitFiles) -> dict[str, tuple[Any, range, bo
     return plan
 
 
-class NpyWriter:
-    """A float32 .npy file of ``shape`` written front to back with plain writes, its blocks allocated first.
-
-    Plain writes, not a writable memory map: dirty pages of a map count in the builder's resident memory, which
-    then grows with the file, while written pages are the page cache's to drop. The reservation makes a full
-    disk fail here with a DiskFullError naming the file and the bytes it needs."""
-
-    def __init__(self, path: Path, shape: tuple[int, ...]):
-        header = mapped_array(path, shape)  # the header, the size and the reservation
-        del header  # unmapped: the bytes go in with plain writes
-        self.path, self.shape = path, shape
-        self._file = open(path, "r+b")  # noqa: SIM115 - closed by close()
-        self._file.seek(path.stat().st_size - 4 * int(np.prod(shape)))
-
-    def write(self, block: np.ndarray) -> None:
-        self._file.write(memoryview(np.ascontiguousarray(block, dtype=np.float32)).cast("B"))
-
-    def close(self) -> None:
-        self._file.close()
-
-
 def _copy(
     folder: Path, plan: dict, shapes: dict, whole: dict[str, RunningStats] | None = None
 ) -> dict[str, RunningStats]:
@@ -344,42 +323,64 @@ def _write(folder: Path, task: TaskConfig, files: SplitFiles, checksums: dict[st
                 if (split, part) not in shapes:  # an empty split (val_fraction 0)
                     shapes[split, part] = (0, *shapes["train", part][1:])
                     np.save(folder / array_name(split, part), np.zeros(shapes[split, part], np.float32))
-        in_part, out_part = ("", "") if "" in parts else ("x", "y")
-        const = shapes["train", "const"][-1] if "const" in parts else 0
-        described = train.describe()
-        manifest = {
-            "format": CACHE_FORMAT,
-            "pde": task.pde,
-            "autoregressive": in_part == "",
-            "grid": list(train.grid),
-            "n_frames": train.n_frames,
-            "split_frames": {split: reader.n_frames for split, (reader, _, _) in plan.items()},
-            "in_channels": shapes["train", in_part][-1] + const,
-            "out_channels": shapes["train", out_part][-1],
-            "sizes": {split: len(plan[split][1]) for split in SPLITS},
-            "input_mean": moments[in_part][0].tolist(),
-            "input_std": moments[in_part][1].tolist(),
-            "target_mean": moments[out_part][0].tolist(),
-            "target_std": moments[out_part][1].tolist(),
-            "const_channels": const,
-            "const_mean": moments["const"][0].tolist() if const else [],
-            "const_std": moments["const"][1].tolist() if const else [],
-            "channels": described.get("channels", []) + described.get("constant_channels", []),
-            "boundary": described.get("boundary", []),
-            "statistics": "stats.yaml" if published else "train split",
-            "in_place": in_place_record,
-            "splits": {
+        manifest = cache_manifest(
+            task,
+            train,
+            shapes,
+            moments,
+            split_frames={split: reader.n_frames for split, (reader, _, _) in plan.items()},
+            sizes={split: len(plan[split][1]) for split in SPLITS},
+            statistics="stats.yaml" if published else "train split",
+            in_place=in_place_record,
+            splits={
                 split: {"file": str(reader.path), "samples": [samples.start, samples.stop], "carved": carved}
                 for split, (reader, samples, carved) in plan.items()
             },
-            "source": {s: _source_record(files.paths(s), checksums[s]) for s in SPLITS if s in checksums},
-            "coordinates": train.coordinates(),
-            **({"well": described} if described else {}),
-        }
+            source={s: _source_record(files.paths(s), checksums[s]) for s in SPLITS if s in checksums},
+        )
     finally:
         for reader, _, _ in plan.values():
             reader.close()
     write_json_atomic(folder / MANIFEST, manifest)  # last: a folder with a manifest is complete
+
+
+def cache_manifest(
+    task: TaskConfig,
+    train,
+    shapes: dict[tuple[str, str], tuple[int, ...]],
+    moments: dict[str, tuple[np.ndarray, np.ndarray]],
+    **recorded,
+) -> dict:
+    """A cache's manifest: what the train split's reader describes, the arrays' ``shapes`` by (split, part), the
+    normalising ``moments`` by part, and ``recorded`` (split_frames, sizes, statistics, in_place, splits,
+    source) as given."""
+    parts = list(moments)
+    in_part, out_part = ("", "") if "" in parts else ("x", "y")
+    const = shapes["train", "const"][-1] if "const" in parts else 0
+    described = train.describe()
+    return {
+        "format": CACHE_FORMAT,
+        "pde": task.pde,
+        "autoregressive": in_part == "",
+        "grid": list(train.grid),
+        "n_frames": train.n_frames,
+        "split_frames": recorded.pop("split_frames"),
+        "in_channels": shapes["train", in_part][-1] + const,
+        "out_channels": shapes["train", out_part][-1],
+        "sizes": recorded.pop("sizes"),
+        "input_mean": moments[in_part][0].tolist(),
+        "input_std": moments[in_part][1].tolist(),
+        "target_mean": moments[out_part][0].tolist(),
+        "target_std": moments[out_part][1].tolist(),
+        "const_channels": const,
+        "const_mean": moments["const"][0].tolist() if const else [],
+        "const_std": moments["const"][1].tolist() if const else [],
+        "channels": described.get("channels", []) + described.get("constant_channels", []),
+        "boundary": described.get("boundary", []),
+        **recorded,
+        "coordinates": train.coordinates(),
+        **({"well": described} if described else {}),
+    }
 
 
 def _source_record(paths: list[Path], sums: list[str]) -> dict:

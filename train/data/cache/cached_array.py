@@ -63,12 +63,14 @@ class Field:
 @dataclass(frozen=True)
 class Sharded:
     """A split's samples as shard files: ``names[i]`` holds ``counts[i]`` samples of ``sample_shape``, in order;
-    ``cache.path(name)`` is a shard's file on this node (fetched when missing)."""
+    ``cache.path(name, part)`` is a shard's file on this node (fetched when missing): ``part`` '' or, for a
+    published file's constant channels, 'const'."""
 
     cache: Any
     names: tuple[str, ...]
     counts: tuple[int, ...]
     sample_shape: tuple[int, ...]
+    part: str = ""
 
     @property
     def starts(self) -> np.ndarray:
@@ -178,7 +180,8 @@ class CachedArray:
 
     def _shard_map(self, shard: int) -> np.ndarray:
         if shard not in self._shard_maps:
-            self._shard_maps[shard] = np.load(self.shards.cache.path(self.shards.names[shard]), mmap_mode="r")
+            path = self.shards.cache.path(self.shards.names[shard], self.shards.part)
+            self._shard_maps[shard] = np.load(path, mmap_mode="r")
         return self._shard_maps[shard]
 
     def __getitem__(self, index) -> np.ndarray:
@@ -190,6 +193,27 @@ class CachedArray:
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         out = self[:]
         return out if dtype is None else out.astype(dtype)
+
+
+class NpyWriter:
+    """A float32 .npy file of ``shape`` written front to back with plain writes, its blocks allocated first.
+
+    Plain writes, not a writable memory map: dirty pages of a map count in the builder's resident memory, which
+    then grows with the file, while written pages are the page cache's to drop. The reservation makes a full
+    disk fail here with a DiskFullError naming the file and the bytes it needs."""
+
+    def __init__(self, path: Path, shape: tuple[int, ...]):
+        header = mapped_array(path, shape)  # the header, the size and the reservation
+        del header  # unmapped: the bytes go in with plain writes
+        self.path, self.shape = path, shape
+        self._file = open(path, "r+b")  # noqa: SIM115 - closed by close()
+        self._file.seek(path.stat().st_size - 4 * int(np.prod(shape)))
+
+    def write(self, block: np.ndarray) -> None:
+        self._file.write(memoryview(np.ascontiguousarray(block, dtype=np.float32)).cast("B"))
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def _owned(array: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ import numpy as np
 from train.data.cache.cached_array import CachedArray, Field, Sharded
 from train.data.cache.in_place import file_identity, same_identity
 from train.data.checksum import ALGORITHM
+from train.data.stream.convert import Converted
 from train.data.stream.node_cache import Shard, ShardCache
 
 CACHE_FORMAT = 4  # 3: a split is a list of files, checksummed one by one; Well tasks. 4: raw values, in place
@@ -60,15 +61,18 @@ class CacheInfo:
     """Arrays mapped where they lie in the source files (train.data.cache.in_place): {"arrays": {file name: where},
     "identity": {source: [size, mtime_ns, inode, ctime_ns]}}; None: every array is a .npy file of the cache."""
     stream: dict | None = None
-    """A streamed task's training split (train.data.stream): {"url": the shard set, "folder": the node's shard
-    cache, "shards": the manifest's shards, "sample_shape", "limit": bytes, "wait_s"}; None: not streamed."""
+    """A streamed task's training split (train.data.stream): {"url": where the shards lie, "folder": the node's
+    shard cache, "shards": the manifest's shards, "sample_shapes": {part: one sample's shape} of the parts read
+    from shards, "limit": bytes, "wait_s", "convert": how a published file is converted (absent: repacked
+    shards)}; None: not streamed."""
 
     def shard_cache(self) -> ShardCache:
         """The node's cache of a streamed task's shards."""
         assert self.stream is not None, "only a streamed task has shards"
         s = self.stream
         shards = [Shard.from_record(r) for r in s["shards"]]
-        return ShardCache(s["url"], s["folder"], shards, s["limit"], s["wait_s"])
+        convert = Converted.from_record(s["convert"]) if s.get("convert") else None
+        return ShardCache(s["url"], s["folder"], shards, s["limit"], s["wait_s"], convert)
 
     def frames(self, split: str) -> int:
         """Saved frames of a trajectory of ``split`` (a val or test file's may exceed the training ones')."""
@@ -83,10 +87,11 @@ class CacheInfo:
     def array(self, split: str, part: str = "") -> CachedArray:
         """One array, normalised as it is read: ``part`` is '' (trajectories), 'x' or 'y' (steady inputs/targets)
         or 'const'. Indexing reads only the samples it selects; ``np.asarray`` reads all."""
-        if self.stream is not None and split == "train" and part == "":
+        shapes = (self.stream or {}).get("sample_shapes", {})
+        if split == "train" and part in shapes:
             shards = self.stream["shards"]
             names, counts = tuple(r["name"] for r in shards), tuple(r["samples"] for r in shards)
-            sharded = Sharded(self.shard_cache(), names, counts, tuple(self.stream["sample_shape"]))
+            sharded = Sharded(self.shard_cache(), names, counts, tuple(shapes[part]), part)
             return CachedArray(*self.moments(part), shards=sharded)
         name = array_name(split, part)
         where = (self.in_place or {}).get("arrays", {}).get(name)

@@ -46,14 +46,47 @@ class ShardSet:
     shards: list[Shard]
     whole: list[Shard]
     """Files fetched whole: the val and test splits (and constant channels), ``samples`` 0."""
+    published: dict | None = None
+    """A dataset's files as published (train.data.stream.published): {"files": where they lie, "splits": {"val":
+    [names], "test": [names]}, "task": the task's settings they were read with}; None: repacked shards beside
+    the manifest."""
 
     @property
     def nbytes(self) -> int:
         return sum(s.bytes for s in self.shards)
 
     @property
+    def sample_bytes(self) -> int:
+        """Bytes of one training trajectory as the cache holds it (its constant channels included)."""
+        c = self.cache
+        return (
+            4
+            * int(np.prod(c["grid"]))
+            * (c["n_frames"] * (c["in_channels"] - c["const_channels"]) + c["const_channels"])
+        )
+
+    def held(self, shard: Shard) -> int:
+        """Bytes a shard takes on a node: a published file's conversion, a repacked shard itself."""
+        return shard.samples * self.sample_bytes if self.published else shard.bytes
+
+    @property
     def largest(self) -> int:
-        return max(s.bytes for s in self.shards)
+        return max(self.held(s) for s in self.shards)
+
+    @property
+    def download(self) -> int:
+        """Bytes beside the held shards while a node converts a published file (one at a time); 0: repacked."""
+        return max(s.bytes for s in self.shards) if self.published else 0
+
+    def record(self) -> dict:
+        """The manifest's entries (without its format)."""
+        return {
+            "task": self.task,
+            "cache": self.cache,
+            "shards": [s.record() for s in self.shards],
+            "whole": [{k: v for k, v in s.record().items() if k != "samples"} for s in self.whole],
+            **({"published": self.published} if self.published else {}),
+        }
 
     @classmethod
     def parse(cls, text: str, where: str) -> ShardSet:
@@ -76,11 +109,14 @@ class ShardSet:
             raise DataError(f"{where}: a shard set manifest without a valid {e} entry: write it again") from None
         if not shards:
             raise DataError(f"{where}: the shard set lists no training shards")
-        return cls(task, cache, shards, whole)
+        return cls(task, cache, shards, whole, meta.get("published"))
 
 
-def write_shard_set(name: str, info: CacheInfo, out: Path, shard_bytes: int = DEFAULT_SHARD_BYTES) -> ShardSet:
-    """Write task ``name``'s cache ``info`` as a shard set in ``out`` (a new folder, complete or absent)."""
+def write_shard_set(
+    name: str, info: CacheInfo, out: Path, shard_bytes: int = DEFAULT_SHARD_BYTES, counts: list[int] | None = None
+) -> ShardSet:
+    """Write task ``name``'s cache ``info`` as a shard set in ``out`` (a new folder, complete or absent): shards of
+    about ``shard_bytes``, or of ``counts`` trajectories each, in order."""
     if not info.autoregressive:
         raise ConfigError(
             f"task {name}: streaming is for time-dependent tasks; a steady one ({info.pde}) trains from pairs that "
@@ -90,13 +126,16 @@ def write_shard_set(name: str, info: CacheInfo, out: Path, shard_bytes: int = DE
     if out.exists():
         raise ConfigError(f"{out} exists: give the shard set a new folder (OUT=...), or remove the old one first")
     train = info.array("train")
-    per_trajectory = train.nbytes // max(len(train), 1)
-    per_shard = min(max(1, shard_bytes // max(per_trajectory, 1)), len(train))
+    if counts is None:
+        per_trajectory = train.nbytes // max(len(train), 1)
+        per_shard = min(max(1, shard_bytes // max(per_trajectory, 1)), len(train))
+        counts = [min(per_shard, len(train) - first) for first in range(0, len(train), per_shard)]
+    if sum(counts) != len(train) or min(counts) < 1:
+        raise ConfigError(f"shards of {counts} trajectories do not cover the {len(train)} of task {name}")
     with atomic_dir(out) as tmp:
         shards = []
-        for i, first in enumerate(range(0, len(train), per_shard)):
-            values = train.raw(slice(first, first + per_shard))
-            shards.append(_write(tmp / f"train-{i:05d}.npy", values, len(values)))
+        for i, (first, count) in enumerate(zip(np.cumsum([0, *counts[:-1]]), counts, strict=True)):
+            shards.append(_write(tmp / f"train-{i:05d}.npy", train.raw(slice(first, first + count)), count))
         whole = []
         for split in SPLITS:
             parts = ["const"] if split == "train" else ["", "const"]
@@ -105,21 +144,12 @@ def write_shard_set(name: str, info: CacheInfo, out: Path, shard_bytes: int = DE
         cache = json.loads((info.path / MANIFEST).read_text())
         cache["in_place"] = None
         shard_set = ShardSet(name, cache, shards, whole)
-        write_json_atomic(
-            tmp / STREAM_MANIFEST,
-            {
-                "format": STREAM_FORMAT,
-                "task": name,
-                "cache": cache,
-                "shards": [s.record() for s in shards],
-                "whole": [{k: v for k, v in s.record().items() if k != "samples"} for s in whole],
-            },
-        )
+        write_json_atomic(tmp / STREAM_MANIFEST, {"format": STREAM_FORMAT, **shard_set.record()})
     log.info(
-        "shard set of %s: %d shards of %d trajectories (%s) and %d whole files in %s",
+        "shard set of %s: %d shards of up to %d trajectories (%s) and %d whole files in %s",
         name,
         len(shards),
-        per_shard,
+        max(counts),
         human(shard_set.nbytes),
         len(whole),
         out,

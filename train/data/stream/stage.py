@@ -1,19 +1,22 @@
 """A streamed task on the launcher's side: its shard set's manifest read from the store, its val and test files
-fetched whole (verified) into a local stream folder with a cache manifest the ranks read like any other, and the
-cache plan: the node's limit against the task's working set, refused before training when it cannot hold it."""
+fetched whole (verified; a published set's converted) into a local stream folder with a cache manifest the ranks
+read like any other, and the cache plan: the node's limit against the task's working set, refused before training
+when it cannot hold it."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 
 from train.atomic import atomic_dir, write_json_atomic
 from train.config import Config
 from train.data.cache.build import building_caches, window_span, write_window_index
-from train.data.cache.info import CACHE_FORMAT, MANIFEST, CacheInfo
+from train.data.cache.info import CACHE_FORMAT, MANIFEST, CacheInfo, array_name
+from train.data.stream.convert import PARTS, Converted, convert, task_config
 from train.data.stream.node_cache import Shard, ShardCache
 from train.data.stream.shards import STREAM_MANIFEST, ShardSet
 from train.disk import free_bytes, human
@@ -45,11 +48,13 @@ def read_shard_set(location: str) -> ShardSet:
 
 def working_set(cfg: Config, shard_set: ShardSet) -> int:
     """Bytes the node must hold for the task at any moment: per canonical stream, the block being read, the one
-    before it and the blocks fetched ahead, each ``block_shards`` of the largest shard."""
+    before it and the blocks fetched ahead, each ``block_shards`` of the largest shard (and, for a published
+    set, the largest file's download while it is converted)."""
     d = cfg.data
     streams = min(d.canonical_nodes, len(shard_set.shards))
     blocks = min(2 + d.prefetch_blocks, -(-len(shard_set.shards) // (streams * d.block_shards)))
-    return min(streams * d.block_shards * blocks * shard_set.largest, shard_set.nbytes)
+    held = min(streams * d.block_shards * blocks * shard_set.largest, sum(map(shard_set.held, shard_set.shards)))
+    return held + shard_set.download
 
 
 def cache_limit(cfg: Config, folder: Path) -> tuple[int, str]:
@@ -91,8 +96,11 @@ def disk_need(cfg: Config, name: str) -> int:
     seen = sorted((Path(cfg.run.cache_dir) / name).glob(f"stream-*/{MANIFEST}"), key=lambda p: p.stat().st_mtime)
     if not seen:
         return cfg.data.limit_bytes or 0
-    shards = [Shard.from_record(r) for r in json.loads(seen[-1].read_text()).get("stream", {}).get("shards", [])]
-    return cfg.data.limit_bytes or (working_set(cfg, ShardSet(name, {}, shards, [])) if shards else 0)
+    meta = json.loads(seen[-1].read_text())
+    stream = meta.get("stream", {})
+    shards = [Shard.from_record(r) for r in stream.get("shards", [])]
+    published = {"files": stream["url"]} if stream.get("convert") else None
+    return cfg.data.limit_bytes or (working_set(cfg, ShardSet(name, meta, shards, [], published)) if shards else 0)
 
 
 def describe_stream(name: str, cfg: Config) -> list[str]:
@@ -103,11 +111,14 @@ def describe_stream(name: str, cfg: Config) -> list[str]:
     need = working_set(cfg, shard_set)
     limit, why = cache_limit(cfg, folder)
     whole = sum(s.bytes for s in shard_set.whole)
-    where = "read in place (a local shard set is never evicted)" if is_local(task.location) else f"cached in {folder}"
+    local = is_local(task.location) and not shard_set.published
+    where = "read in place (a local shard set is never evicted)" if local else f"cached in {folder}"
+    files = f"the files as published at {shard_set.published['files']}" if shard_set.published else task.location
     return [
-        f"{name}: streamed from {task.location}: {len(shard_set.shards)} shards, {human(shard_set.nbytes)} of "
-        f"training data, {where}",
-        f"{name}: val and test fetched whole: {human(whole)} in {len(shard_set.whole)} file(s)",
+        f"{name}: streamed from {files}: {len(shard_set.shards)} shards, {human(shard_set.nbytes)} of training "
+        f"data, {where}",
+        f"{name}: val and test fetched whole: {human(whole)} in {len(shard_set.whole)} file(s)"
+        + (", converted on the node" if shard_set.published else ""),
         f"{name}: cache limit {human(limit)} ({why}); working set {human(need)}"
         + ("" if limit >= need else " - REFUSED: the limit is below the working set"),
     ]
@@ -156,25 +167,43 @@ def prepare_stream(name: str, cfg: Config) -> CacheInfo:
 
 def _record(cfg: Config, location: str, shard_set: ShardSet, folder: Path, limit: int) -> dict:
     meta = shard_set.cache
-    channels = meta["in_channels"] - meta.get("const_channels", 0)
-    return {
+    const = meta.get("const_channels", 0)
+    shapes = {"": [meta["n_frames"], *meta["grid"], meta["in_channels"] - const]}
+    record = {
         "url": location,
         "folder": str((folder / SHARDS).resolve()),
         "shards": [s.record() for s in shard_set.shards],
-        "sample_shape": [meta["n_frames"], *meta["grid"], channels],
+        "sample_shapes": shapes,
         "limit": limit,
         "wait_s": cfg.data.store_wait_s,
     }
+    if shard_set.published:  # each file converted on the node, its constant channels too (no whole train_const)
+        if const:
+            shapes["const"] = [*meta["grid"], const]
+        parts = tuple(p for p in PARTS if p in shapes)
+        convert = Converted(shard_set.published["task"], parts, shard_set.sample_bytes)
+        record.update(url=shard_set.published["files"], convert=convert.record())
+    return record
 
 
 def _fetch_whole(location: str, shard_set: ShardSet, folder: Path) -> None:
-    """The val and test files (and constant channels) into ``folder``, each checked against the manifest."""
-    if is_local(location):
+    """The val and test files (and constant channels) into ``folder``, each checked against the manifest; a
+    published set's converted as the cache holds them, their downloads removed."""
+    published = shard_set.published
+    if is_local(location) and not published:
         for f in shard_set.whole:
             (folder / f.name).symlink_to((local_path(location) / f.name).resolve())
         return
-    cache = ShardCache(location, folder, shard_set.whole, limit=2**62, wait_s=0)
+    files = published["files"] if published else location
+    downloads = folder / ".downloads" if published else folder
+    cache = ShardCache(files, downloads, shard_set.whole, limit=2**62, wait_s=0)
     try:
         cache.fetch([f.name for f in shard_set.whole])
     except StoreUnavailable as e:  # before any rank started: nothing to checkpoint, the network's problem
-        raise PreflightError(f"{location}: the store does not answer; {UNREACHABLE}") from e
+        raise PreflightError(f"{files}: the store does not answer; {UNREACHABLE}") from e
+    if published:
+        task = task_config(published["task"])
+        parts = ["", "const"] if shard_set.cache.get("const_channels") else [""]
+        for split, names in published["splits"].items():
+            convert(task, [cache.path(n) for n in names], {p: folder / array_name(split, p) for p in parts})
+        shutil.rmtree(downloads, ignore_errors=True)
