@@ -40,7 +40,7 @@ define checked
 	@$(1) || { code=$$?; echo "make: '$(strip $(1))' exited with code $$code" >&2; exit $$code; }
 endef
 
-.PHONY: help install gpu-check train data cache fit evaluate doctor smoke-test shard push slurm sweep predict export consolidate bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
+.PHONY: help install gpu-check train data cache fit evaluate doctor smoke-test shard push slurm skypilot kubernetes skypilot-parser sweep predict export consolidate bench test test-unit test-distributed test-integration test-load test-multinode test-slurm lint format clean build up docker-smoke docker-test
 
 help: ## List the targets
 	@echo "Usage: make TARGET [CONFIG=configs/x.yaml] [NPROC=auto|N] [RUN=name] [SET=\"key=value ...\"]"
@@ -77,14 +77,20 @@ doctor: install ## Check this machine against CONFIG: GPUs, /dev/shm, SLURM, por
 smoke-test: install ## Collectives, 5 DDP steps vs one process, checkpoint round trip, torch.compile (seconds)
 	$(call checked,$(BIN)/python -m train smoke --config $(CONFIG) --nproc $(NPROC) $(foreach s,$(SET),--set $(s)))
 
-shard: install ## Each task's data as a shard set to stream (data.stream: true): OUT=folder (default shards/) [SHARD_MB=256]
-	$(call checked,$(BIN)/python -m train shard --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)) $(if $(SHARD_MB),--shard-mb $(SHARD_MB)))
+shard: install ## Each task's data as a shard set to stream (data.stream: true): OUT=folder (default shards/) [SHARD_MB=256] [PUBLISHED=1: the files as published are the shards]
+	$(call checked,$(BIN)/python -m train shard --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)) $(if $(SHARD_MB),--shard-mb $(SHARD_MB)) $(if $(PUBLISHED),--published))
 
 push: install ## Mirror runs/<name> to run.remote now, what a launch could not send (exit 4 naming what is missing)
 	$(call checked,$(BIN)/python -m train push --config $(CONFIG) $(if $(RUN),--run $(RUN)) $(foreach s,$(SET),--set $(s)))
 
 slurm: install ## Render an sbatch file from CONFIG's slurm section (SET="slurm.nodes=2 ..."; OUT=file)
 	$(call checked,$(BIN)/python -m train slurm --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)))
+
+skypilot: install ## Render a SkyPilot task (a managed job) from CONFIG's skypilot section (SET="skypilot.nodes=2 run.remote=..."; OUT=file)
+	$(call checked,$(BIN)/python -m train skypilot --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)))
+
+kubernetes: install ## Render an Indexed Job, its headless Service and a ConfigMap from CONFIG's kubernetes section (OUT=file)
+	$(call checked,$(BIN)/python -m train kubernetes --config $(CONFIG) $(foreach s,$(SET),--set $(s)) $(if $(OUT),--output $(OUT)))
 
 sweep: install ## Search many runs: CONFIG plus the search space SWEEP=space.yaml, each trial a run in runs/<sweep>/ [NAME= SET= SLURM=1]
 	$(call checked,$(BIN)/python -m train sweep --config $(CONFIG) --space $(SWEEP) $(if $(NAME),--name $(NAME)) $(foreach s,$(SET),--set $(s)) $(if $(SLURM),--slurm))
@@ -104,8 +110,16 @@ bench: install ## Benchmarks -> runs/bench/: data loading (cache-io), trainer vs
 gpu-check: ## On one GPU (~12 min): samples/s + GPU busy, no host sync, time to accuracy, FSDP2, NCCL smoke, bf16, bitwise resume -> runs/gpu-check/ (exit 0 without a GPU)
 	$(call checked,scripts/gpu-check.sh $(GPU_CHECKS))
 
-test: install ## Every tier, two at a time from one queue (tests/tiers.py); a table of their times
+test: install skypilot-parser ## Every tier, two at a time from one queue (tests/tiers.py); a table of their times
 	$(call checked,$(BIN)/python -m tests.tiers $(PYTEST_ARGS))
+
+SKYPILOT_VENV ?= .venv-skypilot
+skypilot-parser: $(SKYPILOT_VENV)/.installed ## SkyPilot's own task parser, which the tests load rendered tasks with (a venv of its own: it pins click<8.2, which wandb outgrew)
+
+$(SKYPILOT_VENV)/.installed:
+	$(PYTHON) -m venv $(SKYPILOT_VENV)
+	$(SKYPILOT_VENV)/bin/python -m pip install --quiet 'skypilot==0.14.1'
+	@touch $@
 
 test-unit: install ## Unit tests only
 	$(call checked,$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS))

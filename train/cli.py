@@ -14,6 +14,7 @@ from train.disk import as_disk_full
 from train.errors import ConfigError, PreflightError, StopRequested, TrainError
 from train.heap import importing
 from train.launch.stop import stop_on_signals
+from train.launch.targets import TARGETS, target_named, write_job
 from train.obs.log import setup_logging
 
 log = logging.getLogger("train")
@@ -30,7 +31,6 @@ OTHER_COMMANDS = {
     "problem that would make a launch hang or crash",
     "smoke": "collectives, 5 DDP steps checked against one process, a checkpoint round trip and a torch.compile "
     "step, on every visible GPU (or 2 CPU processes)",
-    "slurm": "render an sbatch file from the config's slurm section",
     "shard": "write each task's training data as a shard set (shards of whole trajectories, val and test whole, "
     "stream.json) to stream it with data.stream: true from any store (docs/streaming.md)",
     "push": "mirror the run folder to run.remote now (what a launch could not send: an unreachable or full remote); "
@@ -81,12 +81,13 @@ def _overrides(command: argparse.ArgumentParser, help_text: str) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m train", description="Multi-task PDE surrogate training with DDP.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, help_text in {**STAGE_COMMANDS, **OTHER_COMMANDS}.items():
+    jobs = {t.name: t.renders for t in TARGETS if t.renders}  # one command per engine with a job to render
+    for name, help_text in {**STAGE_COMMANDS, **OTHER_COMMANDS, **jobs}.items():
         c = sub.add_parser(name, help=help_text, description=help_text)
         c.add_argument("--config", "-c", default="configs/default.yaml", help="YAML config (default: %(default)s)")
         _overrides(c, "override a config value, e.g. --set train.epochs=3 (repeatable)")
         c.add_argument("--run", help="run name (folder under run.runs_dir); default: the config file's stem")
-        if name not in ("slurm", "push", "shard"):
+        if name not in ("push", "shard", *jobs):
             c.add_argument("--nproc", default=None, type=_nproc, help="processes per node: auto (default) or a number")
         if name in STAGE_COMMANDS:
             c.add_argument(
@@ -101,11 +102,16 @@ def parser() -> argparse.ArgumentParser:
             )
         if name == "smoke":
             c.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile step")
-        if name == "slurm":
-            c.add_argument("--output", "-o", help="write the sbatch file here instead of printing it")
+        if name in jobs:
+            c.add_argument("--output", "-o", help="write the job file here instead of printing it")
         if name == "shard":
             c.add_argument("--output", "-o", default="shards", help="folder of the shard sets, one per task")
             c.add_argument("--shard-mb", type=_megabytes, default=256, help="about this many MB a shard (0.1-2000)")
+            c.add_argument(
+                "--published",
+                action="store_true",
+                help="the files as published are the shards (The Well's): read them once, write only stream.json",
+            )
     _sweep_command(sub)
     _using_commands(sub)
     return p
@@ -270,15 +276,13 @@ def _dispatch(args: argparse.Namespace) -> None:
             from train.launch.smoke import run_smoke
 
         run_smoke(cfg, args.nproc, compile_step=not args.skip_compile, preflight=not args.skip_doctor)
-    elif args.command == "slurm":
-        from train.slurm import write_sbatch
-
-        write_sbatch(cfg, args.config, args.overrides, args.output)
+    elif args.command in {t.name for t in TARGETS}:
+        write_job(target_named(args.command), cfg, args.config, args.overrides, args.output)
     elif args.command == "shard":
         with importing():
             from train.pipeline import write_shard_sets
 
-        write_shard_sets(cfg, Path(args.output), int(args.shard_mb * 2**20))
+        write_shard_sets(cfg, Path(args.output), int(args.shard_mb * 2**20), published=args.published)
     elif args.command == "push":
         with importing():
             from train.launch.push import push_run

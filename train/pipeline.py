@@ -228,9 +228,12 @@ def _stages(
     if plan.stages:
         try:
             start_over = cfg.train.resume == "never" and "fit" in plan.stages
-            with watched_launch(cfg, run, remote, node_local=node_local, lease=lease, start_over=start_over) as mirror:
+            topology = session.topology
+            watching = {"node_local": node_local, "lease": lease, "start_over": start_over, "topology": topology}
+            with watched_launch(cfg, run, remote, **watching) as mirror:
                 sha1 = plan.resume.sha1 if plan.resume else None
-                launch(run, n, cfg, ["--stages", ",".join(plan.stages)], address=session.address, resume_sha1=sha1)
+                stages = ["--stages", ",".join(plan.stages)]
+                launch(run, n, cfg, stages, address=session.address, resume_sha1=sha1, topology=topology)
         except TrainError as e:
             error = e
         if error is None and mirror is not None and session.leads:

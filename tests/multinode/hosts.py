@@ -39,12 +39,17 @@ class Box:
 
     def popen(self, *args: str, env: dict, log: Path) -> subprocess.Popen:
         """``python -m train ARGS`` on this box, output into ``log``, in a session of its own."""
+        return self.shell([sys.executable, "-m", "train", *args], env=env, log=log)
+
+    def shell(self, argv: list[str], env: dict, log: Path) -> subprocess.Popen:
+        """``argv`` on this box (``python`` is this interpreter), output into ``log``, in a session of its own."""
         startup_s()  # measured before the launch, not while it runs
+        path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
         with open(log, "w") as output:
             return subprocess.Popen(
-                self.command(sys.executable, "-m", "train", *args),
+                self.command(*argv),
                 cwd=REPO,
-                env={**os.environ, "PYTHONPATH": str(REPO), **env},
+                env={**os.environ, "PYTHONPATH": str(REPO), "PATH": path, **env},
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 text=True,

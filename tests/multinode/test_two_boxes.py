@@ -290,3 +290,78 @@ def test_two_boxes_stream_one_shard_set_into_their_own_caches_and_train_as_one_b
     one = load_checkpoint(latest_checkpoint(tmp_path / "host" / "runs" / "one-box" / "checkpoints"))
     assert two["progress"]["global_step"] == one["progress"]["global_step"] == 12
     assert_bitwise_equal(two["model"], one["model"])
+
+
+class EngineJob(Job):
+    """The job an engine's file says, run on both boxes with exactly the variables that engine sets: SkyPilot's
+    task's run section, or the Indexed Job's pod command with each pod's index and its Service's DNS name (pod
+    0's name in each box's /etc/hosts, as the cluster's DNS answers it). Each box appends its own folders and the
+    shared remote folder, standing in for the bucket the file names."""
+
+    def __init__(self, boxes: list[Box], root: Path, engine: str, port: int, remote: Path, tag: str = ""):
+        from train.config import load_config
+        from train.launch.targets import target_named
+
+        self.boxes, self.root, self.run, self.shared_runs = boxes, root, engine, None
+        overrides = [*LONG[1::2], "dist.nproc=1", "run.remote=b2://bucket/runs", f"{engine}.nodes=2",
+                     f"{engine}.port={port}"]  # fmt: skip
+        cfg = load_config("configs/tiny.yaml", overrides, run_name=engine)
+        text = target_named(engine).render_job(cfg, "configs/tiny.yaml", overrides, None).text
+        mine = ["--set", f"run.remote={remote}", "--set", "run.remote_wait_s=60"]
+        if engine == "skypilot":
+            task = yaml.safe_load(text)
+            argv = ["bash", "-c", task["run"].rstrip() + ' "$@"', "run"]
+            ips = "\n".join(b.address for b in boxes) + "\n"
+            envs = [{**task["envs"], "SKYPILOT_NODE_RANK": str(b.index), "SKYPILOT_NUM_NODES": "2",
+                     "SKYPILOT_NODE_IPS": ips, "SKYPILOT_TASK_ID": "sky-managed-test_1-0"} for b in boxes]  # fmt: skip
+        else:
+            config_map, _, job = yaml.safe_load_all(text)
+            (container,) = job["spec"]["template"]["spec"]["containers"]
+            (root / "etc-train").mkdir(exist_ok=True)
+            for name, body in config_map["data"].items():
+                (root / "etc-train" / name).write_text(body)
+            argv = [w.replace("/etc/train/", f"{root / 'etc-train'}/") for w in container["command"]]
+            pod = {e["name"]: e["value"] for e in container["env"]}
+            envs = [{**pod, "JOB_COMPLETION_INDEX": str(b.index)} for b in boxes]
+        self.logs = [root / f"{engine}{tag}-node{b.index}.log" for b in boxes]
+        self.procs = [box.shell([*argv, *box.folders(root), *mine], env=env, log=log)
+                      for box, env, log in zip(boxes, envs, self.logs, strict=True)]  # fmt: skip
+
+
+@pytest.fixture
+def pod_dns(boxes):
+    """Pod 0's DNS name (``<job>-0.<service>``) resolving to box 0 in both boxes: ``ip netns exec`` mounts
+    /etc/netns/<namespace>/hosts over /etc/hosts."""
+    made = []
+    for box in boxes:
+        folder = Path("/etc/netns") / box.namespace
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text(f"127.0.0.1 localhost\n{boxes[0].address} kubernetes-0.kubernetes\n")
+        made.append(folder)
+    yield
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("engine", ["skypilot", "kubernetes"])
+def test_an_engines_job_trains_on_two_boxes_and_a_preempted_box_recovers_from_the_remote_bitwise(
+    engine, boxes, reference, pod_dns, tmp_path
+):
+    """SkyPilot's run section and the Indexed Job's pods, with their engines' variables and nothing else: the
+    launcher places each node from them; SIGTERM to one box (a preemption) ends both with 75 and a checkpoint on
+    the remote; the relaunch on new boxes (both run folders gone) resumes from the remote, bit for bit."""
+    remote, port = tmp_path / "remote", next(_ports)
+    at = random.Random().randrange(15, STEPS - 15)
+    print(f"{engine}: SIGTERM to box 1 at step {at}")
+    job = EngineJob(boxes, tmp_path, engine, port, remote)
+    job.wait_for_step(at)
+    os.killpg(job.procs[1].pid, signal.SIGTERM)
+    assert job.wait() == [75, 75], job.outputs()
+    source = {"skypilot": "SkyPilot", "kubernetes": "Kubernetes"}[engine]
+    assert f"node 1 of 2 ({source})" in job.output(1), job.outputs()
+    for node in (0, 1):
+        shutil.rmtree(job.run_dir(node), ignore_errors=True)  # new machines: the run comes back from the remote
+    again = EngineJob(boxes, tmp_path, engine, port, remote, tag="-again")
+    assert again.wait() == [0, 0], again.outputs()
+    assert "remote: resuming from" in again.output(0)
+    assert_bitwise_equal(final_weights(again.run_dir(0)), final_weights(reference.run_dir(0)))

@@ -22,11 +22,12 @@ from train.engine.setup import (
     resolve_precision,
     unused_parameters,
 )
-from train.engine.signals import STOP_SIGNALS, StopRequest
+from train.engine.signals import StopRequest
 from train.engine.streams import EpochStreams, draw_group, draw_probabilities, step_seed, task_draws
 from train.errors import ConfigError
 from train.model.multitask import MultiTaskSurrogate
 from train.model.specs import TaskSpec
+from train.stop_signals import RANK_STOP_SIGNALS as STOP_SIGNALS
 
 CPU = torch.device("cpu")
 

@@ -12,7 +12,8 @@ import torch.distributed.run as torchrun
 from train.config import load_config
 from train.errors import ConfigError
 from train.launch import torchrun as torchrun_module
-from train.launch.topology import first_slurm_host, topology_from_environ
+from train.launch.targets import topology_from_environ
+from train.launch.targets.slurm import first_slurm_host
 from train.launch.torchrun import debug_variables, describe_failure, exit_code_of, torchrun_argv
 from train.obs.log import redacted_environ
 from train.run_dir import RunDir

@@ -11,10 +11,18 @@ PACKAGE = Path(__file__).resolve().parents[2] / "train"
 
 # Lowest first. A name stands for a module or a package and everything in it.
 LAYERS = [
-    ["train.errors", "train.pdes", "train.hashing", "train.heap", "train.run_files", "train.strategies"],
+    [
+        "train.errors",
+        "train.pdes",
+        "train.hashing",
+        "train.heap",
+        "train.run_files",
+        "train.strategies",
+        "train.stop_signals",
+    ],
     ["train.config", "train.disk"],
     ["train.atomic", "train.stores"],
-    ["train.checkpoint", "train.obs", "train.data", "train.slurm"],
+    ["train.checkpoint", "train.obs", "train.data"],
     ["train.distributed", "train.model"],
     ["train.run_dir"],
     ["train.engine", "train.remote", "train.rank_start"],

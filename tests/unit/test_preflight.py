@@ -25,12 +25,11 @@ from train.launch.doctor import (
     check_remote,
     check_rendezvous,
     check_shm,
-    check_slurm,
     check_versions,
     doctor,
     render,
-    slurm_gpus_on_node,
 )
+from train.launch.targets.slurm import check_slurm, slurm_gpus_on_node
 from train.launch.topology import Topology
 
 

@@ -14,7 +14,8 @@ import pytest
 from tests.helpers import run_cli
 from train.config import Config, load_config
 from train.errors import ConfigError
-from train.slurm import render_command, render_sbatch, time_limit_seconds, write_sbatch
+from train.launch.targets import target_named, write_job
+from train.launch.targets.sbatch import render_command, render_sbatch, time_limit_seconds
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT = "configs/default.yaml"
@@ -488,7 +489,11 @@ def test_examples_differ_where_they_should():
     assert "--cpus-per-task=2" in directives(cpu) and "--gpus-per-node" not in cpu
 
 
-# --- write_sbatch -------------------------------------------------------------------------------------------------
+# --- writing it -------------------------------------------------------------------------------------------------
+
+
+def write_sbatch(cfg: Config, config: str, overrides: list[str], output: str | None) -> None:
+    write_job(target_named("slurm"), cfg, config, overrides, output)
 
 
 def test_write_sbatch_prints_without_output(capsys):

@@ -9,7 +9,7 @@ whole config in root.py; reading and writing it in loading.py; a run's identity 
 
 from __future__ import annotations
 
-from train.config.cluster import SlurmConfig
+from train.config.cluster import KubernetesConfig, SkyPilotConfig, SlurmConfig
 from train.config.data import DataConfig, parse_bytes
 from train.config.dist import DistConfig
 from train.config.identity import run_identity, training_differences, training_view
@@ -47,12 +47,14 @@ __all__ = [
     "DatasetFilesConfig",
     "DistConfig",
     "FNOConfig",
+    "KubernetesConfig",
     "ModelConfig",
     "MultiphysicsConfig",
     "ObsConfig",
     "ResNetConfig",
     "RunConfig",
     "Section",
+    "SkyPilotConfig",
     "SlurmConfig",
     "TaskConfig",
     "TrainConfig",

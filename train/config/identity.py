@@ -14,6 +14,8 @@ from train.config.root import Config
 _RUNTIME_ONLY = (
     "dist.",
     "slurm.",
+    "skypilot.",
+    "kubernetes.",
     "run.name",
     "run.runs_dir",
     "run.data_dir",

@@ -7,7 +7,7 @@ import re
 import pydantic
 from pydantic import Field
 
-from train.config.cluster import SlurmConfig
+from train.config.cluster import KubernetesConfig, SkyPilotConfig, SlurmConfig
 from train.config.data import DataConfig
 from train.config.dist import DistConfig
 from train.config.model import BUILT_IN_MODELS, ModelConfig
@@ -37,6 +37,10 @@ class Config(Section):
     """Experiment tracking beyond the run folder."""
     slurm: SlurmConfig = SlurmConfig()
     """What `python -m train slurm` writes into the sbatch file it renders."""
+    skypilot: SkyPilotConfig = SkyPilotConfig()
+    """What `python -m train skypilot` writes into the SkyPilot task it renders."""
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    """What `python -m train kubernetes` writes into the Indexed Job and Service it renders."""
 
     def streamed(self, name: str) -> bool:
         """Task ``name``'s training split is streamed from a shard set (tasks.<name>.stream, else data.stream)."""

@@ -22,6 +22,7 @@ from train.config import TrainConfig
 from train.data.cache.build import window_index_name, window_span, write_window_index
 from train.data.cache.cached_array import CachedArray
 from train.data.cache.info import CacheInfo, with_constants
+from train.stop_signals import RANK_STOP_SIGNALS
 
 
 def target_frames(cfg: TrainConfig) -> int:
@@ -177,7 +178,7 @@ def seed_worker(seed: int, rank: int, worker_id: int) -> None:
     """
     # The rank stops its workers itself; a SIGTERM sent to the whole process group (docker stop, SLURM) must
     # not kill them under it before it has saved its checkpoint.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
+    for sig in RANK_STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     state = np.random.SeedSequence([seed, rank, worker_id]).generate_state(2)
     np.random.seed(int(state[0]))

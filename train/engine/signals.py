@@ -18,7 +18,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT)
+from train.stop_signals import RANK_STOP_SIGNALS
 
 
 class StopRequest:
@@ -36,7 +36,7 @@ class StopRequest:
             self.received = signal.Signals(signum)
 
     def __enter__(self) -> StopRequest:
-        for sig in STOP_SIGNALS:
+        for sig in RANK_STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

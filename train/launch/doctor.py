@@ -8,13 +8,9 @@ Every check is a function of plain facts (``Facts``), so tests can simulate GPUs
 from __future__ import annotations
 
 import logging
-import os
-import re
-import resource
 import shutil
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from train.config import Config
@@ -30,90 +26,17 @@ from train.launch.capacity import (
     needs_by_filesystem,
     shm_need,
 )
-from train.launch.topology import Topology, nproc_for, threads_per_rank, topology_from_environ
+from train.launch.facts import FAIL, PASS, WARN, Check, Facts, backend_of, gather_facts, requested_nproc
+from train.launch.targets import detect_target, topology_from_environ
+from train.launch.topology import Topology, threads_per_rank
 from train.stores import is_local, local_path
 from train.stores.b2 import missing_b2_credentials
 
 log = logging.getLogger(__name__)
 
-PASS, WARN, FAIL = "pass", "warn", "fail"
 DOCKER_DEFAULT_SHM = 64 * MiB  # what a container's /dev/shm is unless --shm-size, shm_size or ipc: host
 DISK_MARGIN = 256 * MiB
 """Room beyond the estimate a disk must have: logs, metrics, reports and the estimate's own error."""
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What the checks look at, gathered once from the machine (or made up by a test)."""
-
-    environ: Mapping[str, str]
-    gpus: int
-    versions: dict[str, str | None]
-    shm: tuple[int, int] | None
-    """(size, free) of /dev/shm in bytes; None when there is none."""
-    memlock: int
-    """Soft RLIMIT_MEMLOCK in bytes; -1 when unlimited."""
-    container: str | None
-    nccl_available: bool = False
-    gpu_memory: int = 0
-    """Bytes of memory of the first GPU; 0 without one."""
-    cores: int = 0
-    """The cores this process may run on (its CPU affinity: a SLURM cpuset, a container's share); 0 unknown."""
-    load: float | None = None
-    """The machine's 1-minute load average (runnable processes); None unknown."""
-
-
-def detect_container(environ: Mapping[str, str]) -> str | None:
-    if Path("/.dockerenv").exists():
-        return "docker"
-    if environ.get("APPTAINER_CONTAINER") or environ.get("SINGULARITY_CONTAINER"):
-        return "apptainer"
-    if environ.get("ENROOT_ROOTFS") or environ.get("PYXIS_RUNTIME_PATH") or Path("/etc/enroot").is_dir():
-        return "enroot (pyxis)"
-    if Path("/run/.containerenv").exists():
-        return "podman"
-    try:
-        if re.search(r"docker|containerd|kubepods", Path("/proc/1/cgroup").read_text()):
-            return "docker/containerd"
-    except OSError:
-        pass
-    return None
-
-
-def gather_facts() -> Facts:
-    import torch
-    import torch.distributed as dist
-
-    try:
-        stat = os.statvfs("/dev/shm")
-        shm = (stat.f_blocks * stat.f_frsize, stat.f_bavail * stat.f_frsize)
-    except OSError:
-        shm = None
-    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    nccl = dist.is_nccl_available()
-    nccl_version = None
-    if nccl and torch.cuda.is_available():
-        nccl_version = ".".join(map(str, torch.cuda.nccl.version()))
-    return Facts(
-        environ=dict(os.environ),
-        gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        versions={"torch": torch.__version__, "CUDA": torch.version.cuda, "NCCL": nccl_version},
-        shm=shm,
-        memlock=-1 if soft == resource.RLIM_INFINITY else soft,
-        container=detect_container(os.environ),
-        nccl_available=nccl,
-        gpu_memory=torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0,
-        cores=len(os.sched_getaffinity(0)),
-        load=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-    )
 
 
 def check_threads(n: int, facts: Facts) -> Check | None:
@@ -137,18 +60,6 @@ def check_threads(n: int, facts: Facts) -> Check | None:
             "every step (docs/launching.md, CPU threads)",
         )
     return Check("cpu threads", PASS, detail)
-
-
-def requested_nproc(cfg: Config, nproc: str | int | None, facts: Facts) -> tuple[int | None, str]:
-    """The processes this node will start, or None with the reason when the setting is unusable."""
-    return nproc_for(cfg.dist.nproc if nproc in (None, "") else nproc, cfg.dist.cpu_nproc, facts.gpus)
-
-
-def backend_of(cfg: Config, facts: Facts) -> str:
-    requested = facts.environ.get("DDP_BACKEND", cfg.dist.backend)
-    if requested == "auto":
-        return "nccl" if facts.gpus else "gloo"
-    return requested
 
 
 def check_versions(cfg: Config, facts: Facts) -> Check:
@@ -207,65 +118,6 @@ def check_gpus(cfg: Config, nproc: str | int | None, facts: Facts) -> Check:
             "use NPROC=auto to train on all of them",
         )
     return Check("nproc vs GPUs", PASS, f"{n} rank(s), one per GPU ({how})")
-
-
-def _first_int(value: str | None) -> int | None:
-    match = re.search(r"(\d+)", value or "")
-    return int(match.group(1)) if match else None
-
-
-def slurm_gpus_on_node(environ: Mapping[str, str]) -> int | None:
-    """GPUs SLURM granted this node: SLURM_GPUS_ON_NODE, else --gpus-per-node ('h200:8'), else the job's list."""
-    if environ.get("SLURM_GPUS_ON_NODE"):
-        return _first_int(environ["SLURM_GPUS_ON_NODE"])
-    for name in ("SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
-        value = environ.get(name)
-        if value:
-            return _first_int(value.rsplit(":", 1)[-1]) if name == "SLURM_GPUS_PER_NODE" else len(value.split(","))
-    return None
-
-
-def check_slurm(cfg: Config, nproc: str | int | None, facts: Facts) -> Check | None:
-    env = facts.environ
-    if "SLURM_JOB_ID" not in env:
-        return None
-    problems, fixes = [], []
-    tasks = _first_int(env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE"))
-    ntasks, nnodes = _first_int(env.get("SLURM_NTASKS")), _first_int(env.get("SLURM_NNODES"))
-    if tasks is None and ntasks and nnodes:
-        tasks = ntasks // nnodes
-    n, _ = requested_nproc(cfg, nproc, facts)
-    if tasks and tasks > 1:
-        problems.append(f"{tasks} tasks per node, and each starts the launcher with {n} rank(s)")
-        fixes.append("--ntasks-per-node=1 (the launcher starts one rank per GPU)")
-    granted = slurm_gpus_on_node(env)
-    if granted is not None and n is not None and backend_of(cfg, facts) != "gloo" and n * (tasks or 1) > granted:
-        problems.append(f"{n * (tasks or 1)} rank(s) on this node but SLURM granted {granted} GPU(s)")
-        fixes.append(f"--gpus-per-node={n * (tasks or 1)} or NPROC={granted}")
-    if env.get("NNODES") and env.get("SLURM_NNODES") and env["NNODES"] != env["SLURM_NNODES"]:
-        problems.append(f"NNODES={env['NNODES']} but the job has SLURM_NNODES={env['SLURM_NNODES']}")
-        fixes.append("unset NNODES (it is read from SLURM)")
-    summary = f"job {env['SLURM_JOB_ID']}: {env.get('SLURM_NNODES', '?')} node(s), {tasks or 1} task(s)/node, " + (
-        f"{granted} GPU(s) granted" if granted is not None else "no GPUs granted"
-    )
-    if problems:
-        return Check("SLURM", FAIL, f"{summary}; " + "; ".join(problems), "use " + " and ".join(fixes))
-    if granted is not None and granted != facts.gpus:
-        return Check(
-            "SLURM",
-            WARN,
-            f"{summary}, but PyTorch sees {facts.gpus}",
-            "do not override CUDA_VISIBLE_DEVICES inside the job",
-        )
-    cpus = _first_int(env.get("SLURM_CPUS_PER_TASK"))
-    if cpus and n and cpus < n * (cfg.train.num_workers + 1):
-        return Check(
-            "SLURM",
-            WARN,
-            f"{summary}; {cpus} CPUs for {n} rank(s) x {cfg.train.num_workers + 1} processes",
-            "raise --cpus-per-task or lower train.num_workers",
-        )
-    return Check("SLURM", PASS, summary)
 
 
 def port_in_use(port: int) -> bool:
@@ -388,7 +240,10 @@ def check_device_data(cfg: Config, caches: Mapping[str, CacheInfo | None], facts
 def check_model_state(cfg: Config, nproc: int, facts: Facts) -> Check | None:
     """The model state (weights, gradients, AdamW's moments) one rank holds under dist.parallel, against the GPU's
     memory; None for a model of your own (its size is known once it is built)."""
-    nodes = int(facts.environ.get("NNODES") or facts.environ.get("SLURM_NNODES") or 1)
+    try:
+        nodes = topology_from_environ(facts.environ, cfg.run.name or "run").nnodes
+    except ConfigError:
+        nodes = 1  # the rendezvous check says what is wrong with the settings
     per_rank, whole = model_state_per_rank(cfg, nproc * nodes, nproc)
     if not whole:
         return None
@@ -560,7 +415,7 @@ def run_checks(
     rendezvous, topology = check_rendezvous(cfg, facts, rendezvous_held)
     n, _ = requested_nproc(cfg, nproc, facts)
     checks = [check_versions(cfg, facts), check_container(facts), check_gpus(cfg, nproc, facts)]
-    checks += [c for c in [check_slurm(cfg, nproc, facts)] if c is not None]
+    checks += detect_target(facts.environ).checks(cfg, nproc, facts)
     checks += [rendezvous, check_shm(cfg, n or 1, caches, facts), check_folders(cfg), check_disk(cfg, caches)]
     checks += [c for c in [check_threads(n or 1, facts)] if c is not None]
     checks.append(check_device_data(cfg, caches, facts))

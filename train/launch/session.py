@@ -15,7 +15,8 @@ from train.errors import DistributedError, Preempted, StopRequested, TrainError
 from train.launch.node_barrier import NodeBarrier
 from train.launch.plan import LaunchPlan, Outcome
 from train.launch.run_lock import RunLock
-from train.launch.topology import topology_from_environ
+from train.launch.targets import topology_from_environ
+from train.launch.topology import Topology
 from train.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ class LaunchSession:
     barrier: NodeBarrier | None
     """None on one node."""
     cfg: Config
+    topology: Topology
+    """Where this node sits, asked of the launch target once (train.launch.targets) and passed on."""
 
     @property
     def hosts_rendezvous(self) -> bool:
@@ -111,7 +114,7 @@ def launch_session(cfg: Config, run: RunDir) -> Iterator[LaunchSession]:
     topology = topology_from_environ(os.environ, cfg.run.name or run.root.name)
     with RunLock(run, topology.node_rank):
         if not topology.multi_node:
-            yield LaunchSession(None, cfg)
+            yield LaunchSession(None, cfg, topology)
             return
         with NodeBarrier(topology, cfg.dist.timeout_s) as barrier:
-            yield LaunchSession(barrier, cfg)
+            yield LaunchSession(barrier, cfg, topology)

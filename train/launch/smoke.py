@@ -33,7 +33,7 @@ def run_smoke(cfg: Config, nproc: str | int | None, *, compile_step: bool = True
         error = None
         try:
             args = [] if compile_step else ["--skip-compile"]
-            launch(run, n, cfg, args, module="train.smoke_worker", address=session.address)
+            launch(run, n, cfg, args, module="train.smoke_worker", address=session.address, topology=session.topology)
         except TrainError as e:
             error = e
         session.conclude(error)

@@ -20,16 +20,14 @@ from collections.abc import Iterator
 from types import FrameType
 
 from train.errors import StopRequested
-
-# SIGHUP: the terminal the launcher ran in was closed (an ssh session dropped); a stop like any other.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+from train.stop_signals import LAUNCHER_STOP_SIGNALS
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
     name = signal.Signals(signum).name
     # Later copies of the same stop (SLURM signals every process of the step, srun forwards its own) must not
     # interrupt the cleanup of the first one.
-    for sig in STOP_SIGNALS:
+    for sig in LAUNCHER_STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     StopRequested.pending = (
         f"stopped by {name} outside the training (preparing data, caches or the launch); nothing was lost and "
@@ -61,7 +59,7 @@ def stop_on_signals(exiting: bool = False) -> Iterator[None]:
     just ended; nothing is left to stop, and the job must end with the command's code (a requeued array task
     that found no trial left is COMPLETED), not as killed by the signal while the interpreter shuts down."""
     StopRequested.pending = None
-    previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in LAUNCHER_STOP_SIGNALS}
     unraisable, sys.unraisablehook = sys.unraisablehook, _quiet_lost_stop(sys.unraisablehook)
     try:
         yield
@@ -81,7 +79,7 @@ def stop_signals_deferred() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
         yield arrived
         return
-    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in LAUNCHER_STOP_SIGNALS}
     try:
         yield arrived
     finally:

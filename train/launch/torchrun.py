@@ -21,9 +21,11 @@ from train.distributed.env import free_port
 from train.errors import ConfigError, DataError, DiskFullError, DistributedError, Preempted, PreflightError, TrainError
 from train.heap import freeze_imported
 from train.launch.address import network_environ
-from train.launch.topology import Topology, nproc_for, threads_per_rank, topology_from_environ
+from train.launch.targets import topology_from_environ
+from train.launch.topology import Topology, nproc_for, threads_per_rank
 from train.obs.log import debug_enabled, redacted_environ
 from train.run_dir import RunDir
+from train.stop_signals import FORWARDED_SIGNALS, RANK_STOP_SIGNALS
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +47,6 @@ TIMEOUT_HINT = (
     "a rank never arrived, or stopped calling collectives (crashed, hung on data or took a different branch); "
     "the other ranks' logs show where they waited"
 )
-# Signals the agent forwards to the ranks (then waits dist.shutdown_timeout_s before SIGKILL): USR1 is what
-# SLURM sends before the time limit (--signal=B:USR1@...), so the ranks can checkpoint.
-FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1")
-# The signals that ask a rank to stop (train.engine.signals): outside training nothing handles them, and a rank
-# killed by one while evaluating was stopped, not broken.
-STOP_SIGNALS_OF_RANKS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT)
 
 
 def resolve_nproc(requested: str | int | None, cfg: Config) -> int:
@@ -260,10 +256,12 @@ def launch(
     module: str = "train.worker",
     address: str | None = None,
     resume_sha1: str | None = None,
+    topology: Topology | None = None,
 ) -> None:
     """Run ``python -m MODULE --run-dir RUN --launch-record RECORD WORKER_ARGS`` on ``nproc`` local ranks; raise
     WorkerFailure on failure. ``address``: the address this node advertises to the others (several nodes);
-    ``resume_sha1``: the checkpoint rank 0 must continue from (the launch plan's)."""
+    ``resume_sha1``: the checkpoint rank 0 must continue from (the launch plan's); ``topology``: where this node
+    sits, as the launch session found it (default: asked of the launch target now)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -271,7 +269,7 @@ def launch(
     from torch.distributed.run import run as run_torchrun
 
     _name_rendezvous_events_cheaply()
-    topology = topology_from_environ(os.environ, cfg.run.name or run.root.name)
+    topology = topology or topology_from_environ(os.environ, cfg.run.name or run.root.name)
     debug = debug_enabled()
     _set_ranks_environ(run, cfg, topology, nproc, address, debug)
     live = sys.stderr.isatty()
@@ -313,7 +311,7 @@ def _ranks_failed(e, run: RunDir, cfg: Config, topology, nproc: int, module: str
     if preempted and run.preempted:
         why = run.preempted_reason() or "stopped by a signal"
         raise Preempted(f"{why}; checkpoint saved in {run.root}; re-run the same command to resume") from None
-    stopped = {-f.exitcode for f in e.failures.values()} <= {int(s) for s in STOP_SIGNALS_OF_RANKS}
+    stopped = {-f.exitcode for f in e.failures.values()} <= {int(s) for s in RANK_STOP_SIGNALS}
     if stopped and _evaluating(run, cfg, module, worker_args):
         _stopped_while_evaluating(signal.Signals(-next(iter(e.failures.values())).exitcode))
     failures = sorted(e.failures.items(), key=lambda item: (_blame_order(item[1]), item[1].timestamp, item[0]))

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 from train.config import Config, run_identity
 from train.launch.stop import stop_signals_deferred
-from train.launch.topology import topology_from_environ
+from train.launch.targets import topology_from_environ
+from train.launch.topology import Topology
 from train.obs.tracking import open_tracker, outcome_of
 from train.remote.lease import RemoteLease
 from train.remote.mirror import RunMirror
@@ -33,13 +34,15 @@ def watched_launch(
     node_local: bool = False,
     lease: RemoteLease | None = None,
     start_over: bool = False,
+    topology: Topology | None = None,
 ) -> Iterator[RunMirror | None]:
     """Mirror ``run`` to ``remote`` and track it in W&B (each when configured) while the block runs the ranks;
     yields the mirror (None without a remote), whose ``complete`` says afterwards whether the remote got all of
     the run. ``node_local``: this node (not node 0) keeps a run folder of its own, which holds only its ranks'
     logs worth mirroring. ``lease``: this launch's lease on the remote (node 0's). ``start_over``: the launch trains
-    the run anew (train.resume=never), so the remote's earlier checkpoints are not this training's."""
-    node_rank = topology_from_environ(os.environ, run.root.name).node_rank
+    the run anew (train.resume=never), so the remote's earlier checkpoints are not this training's. ``topology``:
+    where this node sits, as the launch session found it (default: asked of the launch target now)."""
+    node_rank = (topology or topology_from_environ(os.environ, run.root.name)).node_rank
     mirror = None
     if remote is not None:  # first: a remote that cannot be reached fails the launch before W&B starts a run
         mirror = RunMirror(

@@ -15,8 +15,9 @@ from optuna.trial import TrialState
 from train.atomic import write_json_atomic, write_text_atomic
 from train.config import Config, load_config, training_differences, validate
 from train.errors import ConfigError
+from train.launch.targets import target_named
+from train.launch.targets.sbatch import ArrayJob
 from train.pipeline import run_stages
-from train.slurm import ArrayJob, render_sbatch
 from train.sweep.results import SUMMARY, write_results
 from train.sweep.runner import Worker, check_outcome
 from train.sweep.space import SweepSpec, check_spec, read_spec
@@ -129,7 +130,7 @@ def write_array(
     path = Path(output) if output else study.root / SBATCH
     rendered_by = "python -m train " + " ".join(shlex.quote(w) for w in [*words, "--slurm", "--output", str(path)])
     array = ArrayJob(study.name, study.budget, study.spec.parallel, [*words, "--array-task"], rendered_by)
-    text = render_sbatch(base, config, overrides, str(path), array)
+    text = target_named("slurm").render_array(base, config, overrides, str(path), array).text
     write_text_atomic(path, text)
     os.chmod(path, 0o755)
     log.info(

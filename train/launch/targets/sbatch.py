@@ -1,4 +1,5 @@
-"""``python -m train slurm``: an sbatch file rendered from the config's ``slurm`` section.
+"""``python -m train slurm``: an sbatch file rendered from the config's ``slurm`` section (the SLURM row of the
+launch-target table renders its jobs and sweep arrays with it).
 
 One SLURM task per node runs the launcher, which starts one rank per GPU on its node. The batch script
 forwards the time-limit/preemption signal to the ranks (they checkpoint and exit 75), requeues the job on
@@ -11,10 +12,8 @@ import logging
 import os
 import re
 import shlex
-import sys
 from dataclasses import dataclass
 
-from train.atomic import write_text_atomic
 from train.config import Config, SlurmConfig
 from train.errors import ConfigError
 
@@ -30,6 +29,10 @@ _SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 # is signalled while it starts and the job requeues forever.
 SIGNAL_EARLY_S = 60
 MIN_TRAINING_S = 60
+# The rendezvous port is derived from the job id: below Linux's ephemeral range (32768+), so a client socket never
+# holds it, and two jobs sharing a first node rarely collide.
+PORT_BASE = 20000
+PORT_SPAN = 10000
 # A control character in a shell line ends the header comment early or splits a command.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -51,7 +54,7 @@ cd "$SLURM_SUBMIT_DIR"
 # inherited from the submitting shell would give every node the same rank.
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)  # sed reads all: no SIGPIPE under pipefail
 export NNODES="$SLURM_NNODES"
-export RDZV_ENDPOINT="$head_node:$((20000 + SLURM_JOB_ID % 10000))"
+export RDZV_ENDPOINT="$head_node:$(({port_base} + SLURM_JOB_ID % {port_span}))"
 export RDZV_ID="$SLURM_JOB_ID"
 unset NODE_RANK{cpu_only}
 
@@ -317,18 +320,9 @@ def render_sbatch(
     header = _HEADER.format(command=command, submit=submit, output_note=output_note)
     body = _BODY.format(
         cpu_only=_CPU_ONLY if cfg.slurm.gpus_per_node == 0 else "",
+        port_base=PORT_BASE,
+        port_span=PORT_SPAN,
         launch=_launch(cfg, config_path, overrides, array),
         on_preempted=_REQUEUE if cfg.slurm.requeue else _NO_REQUEUE,
     )
     return header + "\n".join(_directives(cfg, array)) + "\n\n" + body
-
-
-def write_sbatch(cfg: Config, config_path: str, overrides: list[str], output: str | None) -> None:
-    """Print the sbatch script, or write it executable to ``output``."""
-    text = render_sbatch(cfg, config_path, overrides, output)
-    if output is None:
-        sys.stdout.write(text)
-        return
-    write_text_atomic(output, text)
-    os.chmod(output, 0o755)
-    log.info("wrote %s; submit it from the project directory with: sbatch %s", output, shlex.quote(output))
