@@ -303,8 +303,13 @@ class EngineJob(Job):
         from train.launch.targets import target_named
 
         self.boxes, self.root, self.run, self.shared_runs = boxes, root, engine, None
-        overrides = [*LONG[1::2], "dist.nproc=1", "run.remote=b2://bucket/runs", f"{engine}.nodes=2",
-                     f"{engine}.port={port}"]  # fmt: skip
+        overrides = [
+            *LONG[1::2],
+            "dist.nproc=1",
+            "run.remote=b2://bucket/runs",
+            f"{engine}.nodes=2",
+            f"{engine}.port={port}",
+        ]
         cfg = load_config("configs/tiny.yaml", overrides, run_name=engine)
         text = target_named(engine).render_job(cfg, "configs/tiny.yaml", overrides, None).text
         mine = ["--set", f"run.remote={remote}", "--set", "run.remote_wait_s=60"]
@@ -312,8 +317,16 @@ class EngineJob(Job):
             task = yaml.safe_load(text)
             argv = ["bash", "-c", task["run"].rstrip() + ' "$@"', "run"]
             ips = "\n".join(b.address for b in boxes) + "\n"
-            envs = [{**task["envs"], "SKYPILOT_NODE_RANK": str(b.index), "SKYPILOT_NUM_NODES": "2",
-                     "SKYPILOT_NODE_IPS": ips, "SKYPILOT_TASK_ID": "sky-managed-test_1-0"} for b in boxes]  # fmt: skip
+            envs = [
+                {
+                    **task["envs"],
+                    "SKYPILOT_NODE_RANK": str(b.index),
+                    "SKYPILOT_NUM_NODES": "2",
+                    "SKYPILOT_NODE_IPS": ips,
+                    "SKYPILOT_TASK_ID": "sky-managed-test_1-0",
+                }
+                for b in boxes
+            ]
         else:
             config_map, _, job = yaml.safe_load_all(text)
             (container,) = job["spec"]["template"]["spec"]["containers"]
@@ -324,8 +337,10 @@ class EngineJob(Job):
             pod = {e["name"]: e["value"] for e in container["env"]}
             envs = [{**pod, "JOB_COMPLETION_INDEX": str(b.index)} for b in boxes]
         self.logs = [root / f"{engine}{tag}-node{b.index}.log" for b in boxes]
-        self.procs = [box.shell([*argv, *box.folders(root), *mine], env=env, log=log)
-                      for box, env, log in zip(boxes, envs, self.logs, strict=True)]  # fmt: skip
+        self.procs = [
+            box.shell([*argv, *box.folders(root), *mine], env=env, log=log)
+            for box, env, log in zip(boxes, envs, self.logs, strict=True)
+        ]
 
 
 @pytest.fixture

@@ -20,10 +20,21 @@ from train.launch.targets import TARGETS, detect_target, target_named, topology_
 from train.launch.targets.kubernetes import render_manifests, stop_window_s
 
 REPO = Path(__file__).resolve().parents[2]
-SKYPILOT = {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6\n",
-            "SKYPILOT_TASK_ID": "sky-managed-2026_x_1-0", "TRAIN_RDZV_PORT": "29411"}  # fmt: skip
-KUBERNETES = {"JOB_COMPLETION_INDEX": "1", "TRAIN_JOB_NAME": "tiny", "TRAIN_JOB_SERVICE": "tiny",
-              "TRAIN_JOB_NODES": "2", "TRAIN_RDZV_PORT": "29400", "KUBERNETES_SERVICE_HOST": "10.96.0.1"}  # fmt: skip
+SKYPILOT = {
+    "SKYPILOT_NODE_RANK": "1",
+    "SKYPILOT_NUM_NODES": "2",
+    "SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6\n",
+    "SKYPILOT_TASK_ID": "sky-managed-2026_x_1-0",
+    "TRAIN_RDZV_PORT": "29411",
+}
+KUBERNETES = {
+    "JOB_COMPLETION_INDEX": "1",
+    "TRAIN_JOB_NAME": "tiny",
+    "TRAIN_JOB_SERVICE": "tiny",
+    "TRAIN_JOB_NODES": "2",
+    "TRAIN_RDZV_PORT": "29400",
+    "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+}
 SLURM = {"SLURM_JOB_ID": "123456", "SLURM_NNODES": "4", "SLURM_NODEID": "3", "SLURM_JOB_NODELIST": "n[10-13]"}
 REMOTE = ["run.remote=b2://bucket/runs"]
 
@@ -46,7 +57,12 @@ def test_each_engine_detects_itself_from_its_own_variables(environ, target):
 def test_each_engine_places_the_node_and_explicit_variables_win():
     sky = topology_from_environ(SKYPILOT, "run")
     assert (sky.nnodes, sky.node_rank, sky.endpoint, sky.run_id, sky.source) == (
-        2, 1, "10.0.0.5:29411", "sky-managed-2026_x_1-0", "SkyPilot")  # fmt: skip
+        2,
+        1,
+        "10.0.0.5:29411",
+        "sky-managed-2026_x_1-0",
+        "SkyPilot",
+    )
     k8s = topology_from_environ(KUBERNETES, "run")
     assert (k8s.nnodes, k8s.node_rank, k8s.endpoint, k8s.run_id) == (2, 1, "tiny-0.tiny:29400", "tiny")
     slurm = topology_from_environ(SLURM, "run")
@@ -72,8 +88,11 @@ def test_no_module_outside_the_targets_names_an_engines_variables():
     for path in sorted((REPO / "train").rglob("*.py")):
         if "targets" in path.relative_to(REPO / "train").parts:
             continue
-        found += [f"{path.relative_to(REPO)}:{i}" for i, line in enumerate(path.read_text().splitlines(), 1)
-                  if engines.search(line)]  # fmt: skip
+        found += [
+            f"{path.relative_to(REPO)}:{i}"
+            for i, line in enumerate(path.read_text().splitlines(), 1)
+            if engines.search(line)
+        ]
     assert not found, f"engine variables read outside train/launch/targets: {found}"
 
 
@@ -99,15 +118,22 @@ def skypilot_parse(path: Path, home: Path) -> dict:
         if os.environ.get("TRAIN_REQUIRE_SKYPILOT") == "1":
             pytest.fail(f"SkyPilot's parser is required here but {python} is missing: make skypilot-parser")
         pytest.skip(f"SkyPilot's parser is not installed ({python}): make skypilot-parser")
-    proc = subprocess.run([str(python), "-c", SKY_PARSE, str(path)], capture_output=True, text=True,
-                          env={**os.environ, "HOME": str(home)})  # fmt: skip
+    proc = subprocess.run(
+        [str(python), "-c", SKY_PARSE, str(path)], capture_output=True, text=True, env={**os.environ, "HOME": str(home)}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_a_skypilot_task_loads_with_skypilots_parser_and_its_recovery_strategy(tmp_path):
-    overrides = [*REMOTE, "skypilot.nodes=2", "skypilot.accelerators=H100:8", "skypilot.use_spot=true",
-                 "skypilot.recovery=FAILOVER", "skypilot.image=ghcr.io/lab/train:1.0"]  # fmt: skip
+    overrides = [
+        *REMOTE,
+        "skypilot.nodes=2",
+        "skypilot.accelerators=H100:8",
+        "skypilot.use_spot=true",
+        "skypilot.recovery=FAILOVER",
+        "skypilot.image=ghcr.io/lab/train:1.0",
+    ]
     cfg = load_config("configs/tiny.yaml", overrides)
     rendered = target_named("skypilot").render_job(cfg, "configs/tiny.yaml", [*overrides, "train.epochs=3"], None)
     (tmp_path / "task.yaml").write_text(rendered.text)
@@ -149,8 +175,10 @@ def test_the_indexed_job_retries_preemptions_fails_fast_on_config_and_data_and_f
     config_map, service, job = yaml.safe_load_all(text)
     spec, pod = job["spec"], job["spec"]["template"]["spec"]
     assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 3, 3)
-    rules = {(r["action"], tuple(r["onExitCodes"]["values"]) if "onExitCodes" in r else r["onPodConditions"][0]["type"])
-             for r in spec["podFailurePolicy"]["rules"]}  # fmt: skip
+    rules = {
+        (r["action"], tuple(r["onExitCodes"]["values"]) if "onExitCodes" in r else r["onPodConditions"][0]["type"])
+        for r in spec["podFailurePolicy"]["rules"]
+    }
     assert rules == {("FailJob", (2, 3)), ("Ignore", (75,)), ("Ignore", "DisruptionTarget")}
     assert pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] == stop_window_s(cfg)
     assert service["spec"]["clusterIP"] == "None" and pod["subdomain"] == service["metadata"]["name"]
@@ -164,3 +192,20 @@ def test_the_indexed_job_retries_preemptions_fails_fast_on_config_and_data_and_f
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
     assert config_map["data"]["tiny.yaml"] == (REPO / "configs" / "tiny.yaml").read_text()
     assert container["command"][:6] == ["python", "-m", "train", "run", "--config", "/etc/train/tiny.yaml"]
+
+
+def test_the_doctor_checks_the_gpus_skypilot_granted_against_the_ranks():
+    from train.launch.doctor import run_checks
+    from train.launch.facts import FAIL, PASS, Facts
+
+    cfg = load_config("configs/tiny.yaml", ["dist.backend=nccl"])
+    granted = {**SKYPILOT, "SKYPILOT_NUM_GPUS_PER_NODE": "4"}
+
+    def check(gpus: int, nproc: int) -> tuple[str, str]:
+        facts = Facts(environ=granted, gpus=gpus, versions={}, shm=None, memlock=-1, container=None)
+        (found,) = [c for c in run_checks(cfg, nproc, facts, {}, data=False) if c.name == "SkyPilot"]
+        return found.status, found.detail
+
+    assert check(4, 4) == (PASS, "node 1 of 2, 4 GPU(s) granted")
+    status, detail = check(8, 8)
+    assert status == FAIL and "launch starts 8 rank(s)" in detail

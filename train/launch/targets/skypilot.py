@@ -18,6 +18,7 @@ from collections.abc import Mapping
 import yaml
 
 from train.config import Config
+from train.launch.facts import FAIL, PASS, WARN, Check, Facts, backend_of, requested_nproc
 from train.launch.targets.base import (
     LaunchTarget,
     Placement,
@@ -48,6 +49,20 @@ class SkyPilot(LaunchTarget):
 
     def grace_s(self, cfg: Config) -> int:
         return GRACE_S
+
+    def checks(self, cfg: Config, nproc: str | int | None, facts: Facts) -> list[Check]:
+        """The GPUs SkyPilot granted this node against the ranks the launch starts and the GPUs PyTorch sees."""
+        granted = env_int(facts.environ, "SKYPILOT_NUM_GPUS_PER_NODE")
+        n, _ = requested_nproc(cfg, nproc, facts)
+        rank, nodes = facts.environ.get("SKYPILOT_NODE_RANK", "?"), facts.environ.get("SKYPILOT_NUM_NODES", "?")
+        summary = f"node {rank} of {nodes}, " + (f"{granted} GPU(s) granted" if granted else "no GPUs granted")
+        if granted and n and backend_of(cfg, facts) != "gloo" and n > granted:
+            fix = f"NPROC={granted}, or skypilot.accelerators with {n} GPUs a node"
+            return [Check("SkyPilot", FAIL, f"{summary}, but the launch starts {n} rank(s)", fix)]
+        if granted is not None and granted != facts.gpus:
+            fix = "do not override CUDA_VISIBLE_DEVICES in the task"
+            return [Check("SkyPilot", WARN, f"{summary}, but PyTorch sees {facts.gpus}", fix)]
+        return [Check("SkyPilot", PASS, summary)]
 
     def render_job(self, cfg: Config, config_path: str, overrides: list[str], output: str | None) -> Rendered:
         require_remote(cfg, "a SkyPilot task", "a managed job recovers on new machines")
