@@ -209,3 +209,15 @@ def test_the_doctor_checks_the_gpus_skypilot_granted_against_the_ranks():
     assert check(4, 4) == (PASS, "node 1 of 2, 4 GPU(s) granted")
     status, detail = check(8, 8)
     assert status == FAIL and "launch starts 8 rank(s)" in detail
+
+
+def test_the_doctor_warns_when_an_engine_kills_before_a_stop_can_save_and_send_its_checkpoint():
+    from train.launch.doctor import check_stop_window
+    from train.launch.facts import PASS, WARN
+
+    cfg = load_config("configs/tiny.yaml", [*REMOTE, "dist.shutdown_timeout_s=60", "run.remote_wait_s=60"])
+    sky = check_stop_window(cfg, target_named("skypilot"))
+    assert sky.status == WARN and "SkyPilot kills 30 s after its SIGTERM" in sky.detail
+    assert check_stop_window(cfg, target_named("kubernetes")).status == PASS  # its grace is rendered from them
+    assert check_stop_window(cfg, target_named("slurm")).status == PASS  # 300 s before the time limit
+    assert check_stop_window(cfg, target_named("local")) is None

@@ -27,7 +27,7 @@ from train.launch.capacity import (
     shm_need,
 )
 from train.launch.facts import FAIL, PASS, WARN, Check, Facts, backend_of, gather_facts, requested_nproc
-from train.launch.targets import detect_target, topology_from_environ
+from train.launch.targets import LaunchTarget, detect_target, topology_from_environ
 from train.launch.topology import Topology, threads_per_rank
 from train.stores import is_local, local_path
 from train.stores.b2 import missing_b2_credentials
@@ -260,6 +260,28 @@ def check_model_state(cfg: Config, nproc: int, facts: Facts) -> Check | None:
     )
 
 
+def check_stop_window(cfg: Config, target: LaunchTarget) -> Check | None:
+    """The time the engine leaves between its stop signal and the kill, against what a stop may take: the ranks'
+    checkpoint (dist.shutdown_timeout_s) and, with a remote, its upload (run.remote_wait_s). None where the engine
+    fixes no such time."""
+    grace = target.grace_s(cfg)
+    if grace is None:
+        return None
+    need = cfg.dist.shutdown_timeout_s + (cfg.run.remote_wait_s if cfg.run.remote else 0)
+    upload = f" and run.remote_wait_s={cfg.run.remote_wait_s} s to send it" if cfg.run.remote else ""
+    detail = (
+        f"{target.engine} kills {grace} s after its {target.stop_signal}; the ranks may take "
+        f"dist.shutdown_timeout_s={cfg.dist.shutdown_timeout_s} s to save a checkpoint{upload}"
+    )
+    if grace < need:
+        fix = (
+            "lower dist.shutdown_timeout_s (and run.remote_wait_s) to fit, or checkpoint more often "
+            "(train.checkpoint_every): what the kill cuts short is the training since the last checkpoint"
+        )
+        return Check("stop window", WARN, detail, fix)
+    return Check("stop window", PASS, detail)
+
+
 def check_memlock(facts: Facts, topology: Topology | None) -> Check:
     if facts.memlock == -1:
         return Check("memlock", PASS, "unlimited")
@@ -415,7 +437,9 @@ def run_checks(
     rendezvous, topology = check_rendezvous(cfg, facts, rendezvous_held)
     n, _ = requested_nproc(cfg, nproc, facts)
     checks = [check_versions(cfg, facts), check_container(facts), check_gpus(cfg, nproc, facts)]
-    checks += detect_target(facts.environ).checks(cfg, nproc, facts)
+    target = detect_target(facts.environ)
+    checks += target.checks(cfg, nproc, facts)
+    checks += [c for c in [check_stop_window(cfg, target)] if c is not None]
     checks += [rendezvous, check_shm(cfg, n or 1, caches, facts), check_folders(cfg), check_disk(cfg, caches)]
     checks += [c for c in [check_threads(n or 1, facts)] if c is not None]
     checks.append(check_device_data(cfg, caches, facts))

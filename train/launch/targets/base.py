@@ -25,8 +25,6 @@ STORE_KEYS = {  # the variables a run's remote needs, by scheme: secrets a job i
     "b2": ("B2_APPLICATION_KEY_ID", "B2_APPLICATION_KEY"),
     "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"),
 }
-EXPLICIT = ("NNODES", "NODE_RANK", "RDZV_ENDPOINT", "RDZV_ID")
-"""Variables a user sets by hand on each node: they win over what any engine says."""
 
 
 @dataclass(frozen=True)
@@ -90,8 +88,8 @@ class LaunchTarget:
         raise ConfigError(f"{self.engine} runs no sweep arrays; see {self.docs}")
 
     def topology(self, environ: Mapping[str, str], run_name: str) -> Topology:
-        """Where this node sits: the explicit variables (EXPLICIT) where set, else the engine's; one node when
-        neither says more."""
+        """Where this node sits: the variables a user sets by hand on each node (NNODES, NODE_RANK, RDZV_ENDPOINT,
+        RDZV_ID) where set, else the engine's; one node when neither says more."""
         engine = self.placement(environ)
         nnodes = env_int(environ, "NNODES")
         source = "environment" if nnodes is not None else self.engine
