@@ -20,10 +20,11 @@ from tests.helpers import REPO, in_namespace_with_tmpfs, mount_namespace_problem
 pytestmark = pytest.mark.integration
 
 # The launcher's error line ("error: disk full: ..."), or the failing rank's line of its summary ("rank 0 exited
-# with code 4: DiskFullError: disk full: ...")
+# with code 4: DiskFullError: disk full: ...", or "failed with code 4" when torchrun's SIGTERM then reached the
+# rank while it shut down)
 FULL = re.compile(
-    r"^(?:error: |  rank \d+ exited with code 4: DiskFullError: )disk full: writing (\S+) needs ([\d.]+ \w+), but "
-    r"its file system has ([\d.]+ \w+) free",
+    r"^(?:error: |  rank \d+ (?:exited|failed) with code 4: DiskFullError: )disk full: writing (\S+) needs "
+    r"([\d.]+ \w+), but its file system has ([\d.]+ \w+) free",
     re.MULTILINE,
 )
 
