@@ -119,11 +119,6 @@ def write_array(
 ) -> Path:
     """Render the SLURM job array of the sweep: ``trials`` tasks, ``parallel`` at once, each running trials from
     the study until none is left (``python -m train sweep --array-task``), requeued on preemption."""
-    if base.slurm.nodes != 1:
-        raise ConfigError(
-            f"slurm.nodes={base.slurm.nodes}: a sweep's array tasks run single-node trials; set slurm.nodes=1 "
-            "(a trial may still use every GPU of its node)"
-        )
     words = ["sweep", "--config", config, "--space", space, "--name", study.name]
     for override in overrides:
         words += ["--set", override]

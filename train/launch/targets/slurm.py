@@ -56,6 +56,11 @@ class Slurm(LaunchTarget):
         return Rendered(sbatch.render_sbatch(cfg, config_path, overrides, output), "sbatch", executable=True)
 
     def render_array(self, cfg: Config, config_path: str, overrides: list[str], output: str, array) -> Rendered:
+        if cfg.slurm.nodes != 1:
+            raise ConfigError(
+                f"slurm.nodes={cfg.slurm.nodes}: a sweep's array tasks run single-node trials; set slurm.nodes=1 "
+                "(a trial may still use every GPU of its node)"
+            )
         return Rendered(sbatch.render_sbatch(cfg, config_path, overrides, output, array), "sbatch", executable=True)
 
 
