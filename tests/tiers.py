@@ -73,7 +73,7 @@ INTEGRATION = "tests/integration"
 OUT_OF_CORE = f"{INTEGRATION}/test_out_of_core.py"
 # The integration tier's parts, a few minutes each on 2 cores; a file in none of them is in the last part.
 PARTS = {
-    "integration-1": ["test_bench.py", "test_training_quality.py", "test_3d_runs.py"],
+    "integration-1": ["test_bench.py", "test_3d_runs.py"],
     "integration-2": ["test_faults.py", "test_remote_runs.py", "test_tracking.py", "test_data_sources.py"],
     "integration-3": ["test_sweeps.py", "test_models.py", "test_surrogate.py", "test_well_runs.py"],
     "integration-4": ["test_full_disk.py", "test_data_changes.py", "test_trainer_runs.py", "test_launcher_signals.py"],

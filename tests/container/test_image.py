@@ -49,7 +49,9 @@ def test_the_default_training_completes_at_dockers_default_64mb_shm(client, imag
     """The /dev/shm failure: the default 2-task run in a container with Docker's default /dev/shm, its batches
     passed through /dev/shm by a DataLoader worker per rank. Caches are memory-mapped files, not shared memory,
     and the workers' queues fit, so training finishes; the doctor warns about the small /dev/shm and says how to
-    enlarge it. One of the default's six epochs: how well the whole run trains is the benchmarks' to say."""
+    enlarge it. The shipped default trains: the first of its six epochs (150 of 900 steps) is already past both
+    trivial baselines (nRMSE 0.085 and 0.18 against 1.08 and 0.25); the whole run's figures are the models
+    benchmark's (make bench)."""
     volumes = {mounts[f"{n.upper()}_DIR"]: {"bind": f"/{n}", "mode": "rw"} for n in ("data", "cache", "runs")}
     environment = {"NPROC": "2", "TRAIN_ARGS": "--set train.epochs=1 --set train.num_workers=1"}
     container = client.containers.run(image, environment=environment, volumes=volumes, detach=True, init=True)
@@ -66,8 +68,8 @@ def test_the_default_training_completes_at_dockers_default_64mb_shm(client, imag
     assert "--shm-size" in logs
     summary = json.loads((Path(mounts["RUNS_DIR"]) / "default" / "report" / "summary.json").read_text())
     assert set(summary) == {"advection1d", "darcy2d"}
-    assert summary["advection1d"]["nrmse"] < summary["advection1d"]["baseline_nrmse"], summary
-    assert all(math.isfinite(scores["nrmse"]) for scores in summary.values()), summary
+    for task, scores in summary.items():
+        assert math.isfinite(scores["nrmse"]) and scores["nrmse"] < scores["baseline_nrmse"], (task, summary)
 
 
 def test_the_process_runs_as_non_root_and_a_runtime_secret_stays_out_of_image_and_logs(client, image, mounts):

@@ -29,7 +29,12 @@ from train.obs.sinks import read_metrics
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+# Every variant but pushforward, whose SIGKILLed rank replays in the data-on-device test below (against the
+# same reference) and whose resume mid-epoch in tests/distributed/test_trainer.py: its own run here took 75 s of CI.
+KILLED_AND_STOPPED = [name for name in VARIANTS if name != "pushforward"]
+
+
+@pytest.fixture(scope="module", params=KILLED_AND_STOPPED)
 def reference(request, farm) -> tuple[list[str], dict[str, torch.Tensor]]:
     """The uninterrupted run of an objective, or of the sharded model (the farm's): its extra arguments and final
     weights."""

@@ -75,12 +75,14 @@ def test_every_built_in_model_traces_whole_forward_and_backward(name):
 
 
 def _advection_config(tmp: Path, precision: str) -> Path:
-    """configs/gpu.yaml with its advection task alone, at test size: its FNO, pushforward over 2 steps (not 4:
-    each rollout length is a graph of its own, and inductor's code for four took two minutes of CI's cores)."""
+    """configs/gpu.yaml with its advection task alone, at test size: its FNO with one spectral layer (inductor's
+    code for its four took 125 CPU s, for one 59), pushforward over 2 steps (not 4: each rollout length is a
+    graph of its own, and inductor's code for four took two minutes of CI's cores)."""
     cfg = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())
     task = {**cfg["tasks"]["advection1d"], "n_samples": 24, "batch_size": 8}
     cfg["tasks"] = {"advection1d": task}
     cfg["train"].update(precision=precision, warmup_steps=2, log_every=1, epochs=1, steps_per_epoch=8, rollout_steps=2)
+    cfg["model"]["fno"]["layers"] = 1
     path = tmp / f"gpu-advection-{precision}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -99,8 +101,10 @@ def _fit(trainer) -> list[float]:
 
 
 # fp32 through inductor's generated code; bf16 through aot_eager, the same graphs on PyTorch's kernels (the bf16
-# code inductor generates for a CPU is not what a GPU runs, and generating it doubled this test's time).
-@pytest.mark.parametrize(("precision", "backend", "rtol"), [("fp32", "inductor", 1e-6), ("bf16", "aot_eager", 1e-3)])
+# code inductor generates for a CPU is not what a GPU runs, and generating it doubled this test's time). Inductor's
+# fused reductions round differently: fp32 losses part by up to 2e-5 (relative) after 6 AdamW steps of the
+# one-layer FNO, so the tolerance is 1e-4: three orders of magnitude below what each step moves the loss (20-50%).
+@pytest.mark.parametrize(("precision", "backend", "rtol"), [("fp32", "inductor", 1e-4), ("bf16", "aot_eager", 1e-3)])
 def test_the_whole_pushforward_step_is_one_graph_per_rollout_length_with_the_losses_of_eager(
     tmp_path, precision, backend, rtol
 ):

@@ -14,7 +14,13 @@ from train.errors import ConfigError
 from train.launch import torchrun as torchrun_module
 from train.launch.targets import topology_from_environ
 from train.launch.targets.slurm import first_slurm_host
-from train.launch.torchrun import debug_variables, describe_failure, exit_code_of, torchrun_argv
+from train.launch.torchrun import (
+    debug_variables,
+    describe_failure,
+    exit_code_of,
+    stopped_with_checkpoint,
+    torchrun_argv,
+)
 from train.obs.log import redacted_environ
 from train.run_dir import RunDir
 
@@ -119,6 +125,21 @@ def test_an_error_keeps_its_code_and_message_and_timeouts_get_a_hint():
     assert exit_code_of(f) == 3
     timeout = describe_failure(1, failure(5, "rank 1: joining the process group failed within 30s: timed out"))
     assert "hint: a rank never arrived" in timeout
+
+
+@pytest.mark.parametrize(
+    "codes, stopped",
+    [
+        ([75, 75], True),
+        # the agent SIGTERMs a rank still tearing down after the barrier that follows the checkpoint
+        ([75, -int(signal.SIGTERM)], True),
+        ([-int(signal.SIGTERM), -int(signal.SIGTERM)], False),  # none reached the barrier's far side
+        ([75, 1], False),
+        ([75, -int(signal.SIGKILL)], False),
+    ],
+)
+def test_ranks_stopped_with_a_checkpoint_even_when_the_agent_terminated_one_tearing_down(codes, stopped):
+    assert stopped_with_checkpoint([failure(code) for code in codes]) is stopped
 
 
 def test_secrets_are_redacted_by_name():

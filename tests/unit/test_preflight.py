@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -319,6 +321,34 @@ def test_the_parameter_estimate_covers_3d_models(tmp_path, model):
     tasks = [TaskData("cfd3d", None, TaskSpec((32, 32, 32), 5, 5, 8, 10, True))]
     real = sum(p.numel() for p in initial_model(cfg, tasks, torch.device("cpu")).parameters())
     assert abs(parameter_estimate(cfg) - real) < real / 3, (parameter_estimate(cfg), real)
+
+
+_COUNT_AND_LIST_IMPORTS = """
+import sys
+from train.config import load_config
+from train.launch.capacity import parameter_estimate
+for config, override in (("configs/pretrain.yaml", None), ("configs/default.yaml", None), *(("configs/tiny.yaml",
+                         f"model.name={m}") for m in ("fno", "unet", "transformer", "conv", "resnet"))):
+    assert parameter_estimate(load_config(config, [override] if override else [])) > 0
+    imported = [m for m in ("torch._dynamo", "torch._inductor", "sympy") if m in sys.modules]
+    if imported:
+        sys.exit(f"counting the parameters of {config} ({override or 'as it is'}) imported {', '.join(imported)}")
+"""
+
+
+def test_counting_a_built_in_models_parameters_imports_no_compiler():
+    """The doctor counts the parameters on the meta device before every launch. Arithmetic on a meta tensor
+    (``0.02 * randn``, an FNO's DFT angles) ran PyTorch's Python meta kernels, which imported dynamo, inductor
+    and sympy: 3 CPU seconds of each launch of the FNO or the multi-physics model. Every built-in model, counted
+    in one fresh process as the launcher counts, the first that imports one named."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _COUNT_AND_LIST_IMPORTS],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_the_disk_plan_counts_no_copy_for_a_cache_in_place_and_the_strided_share_otherwise(tmp_path):

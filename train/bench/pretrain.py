@@ -2,7 +2,7 @@
 3D; PDEBench's, The Well's, neuraloperator's, the FNO paper's and PDEArena's formats) against single-task models, then
 fine-tuned onto the held-out dataset of configs/finetune-riemann1d.yaml against training from scratch.
 
-Every run is `python -m train run` on 2 ranks:
+Every run is `python -m train run` on 2 ranks (1 in --quick):
 
 1. pretrain: the recipe as it is (each rank draws one dataset per step);
 2. for each dataset of the mix, a single-task model: the same model settings and the same total steps, on that
@@ -34,11 +34,13 @@ from train.obs.report import read_summary, summary_score
 REPO = Path(__file__).resolve().parents[2]
 RECIPE, FINETUNE = "pretrain.yaml", "finetune-riemann1d.yaml"
 BUDGETS = (50, 150, 300, 900)
+RANKS = 2
 QUICK = {
     "tasks": ("advection", "flow3d", "gray_scott"),
     "train": {"epochs": 1, "steps_per_epoch": 6, "warmup_steps": 2},
     "data": {"n_samples": 24},
     "budgets": (3,),
+    "ranks": 1,  # its six launches: a rank fewer in each saves a torch import, and --quick checks wiring, not scale
 }
 
 
@@ -75,12 +77,13 @@ def run(out: Path, workdir: Path, quick: bool = False) -> dict:
     if quick:
         recipe, target = _quick(recipe), _quick(target)
     folders = [a for key in ("data", "cache", "runs") for a in ("--set", f"run.{key}_dir={root / key}")]
+    ranks = QUICK["ranks"] if quick else RANKS
     walls: dict[str, float] = {}
 
     def train(name: str, cfg: dict, *extra: str) -> dict:
         began = time.perf_counter()
         config = _write(cfg, root / f"{name}.yaml")
-        _cli("run", "--config", str(config), "--nproc", "2", "--run", name, *folders, *extra)
+        _cli("run", "--config", str(config), "--nproc", str(ranks), "--run", name, *folders, *extra)
         walls[name] = time.perf_counter() - began
         return read_summary(root / "runs" / name)
 

@@ -304,11 +304,18 @@ def launch(
             signal.signal(sig, handler)
 
 
+def stopped_with_checkpoint(failures: list) -> bool:
+    """Whether the ranks stopped together after a checkpoint (a preemption, a store that stopped answering).
+    A rank exits 75 only past the barrier that follows the checkpoint, so every rank saved; the agent may then
+    SIGTERM the ranks still tearing down, which loses nothing."""
+    codes = {f.exitcode for f in failures}
+    return Preempted.exit_code in codes and codes <= {Preempted.exit_code, -int(signal.SIGTERM)}
+
+
 def _ranks_failed(e, run: RunDir, cfg: Config, topology, nproc: int, module: str, worker_args: list[str]) -> None:
     """Ranks that failed, said as the project's error: a preemption (75), a stop during the final evaluation,
     or a WorkerFailure naming each rank's failure, the first to blame first, in the ranks' own numbering."""
-    preempted = all(f.exitcode == Preempted.exit_code for f in e.failures.values())
-    if preempted and run.preempted:
+    if run.preempted and stopped_with_checkpoint(list(e.failures.values())):
         why = run.preempted_reason() or "stopped by a signal"
         raise Preempted(f"{why}; checkpoint saved in {run.root}; re-run the same command to resume") from None
     stopped = {-f.exitcode for f in e.failures.values()} <= {int(s) for s in RANK_STOP_SIGNALS}

@@ -117,7 +117,10 @@ def build_builtin(specs: Mapping[str, TaskSpec], cfg: ModelConfig) -> nn.Module:
 
 def parameter_count(specs: Mapping[str, TaskSpec], cfg: ModelConfig) -> int:
     """The parameters of the built-in model ``cfg`` for ``specs``, counted on the meta device (nothing allocated,
-    no initialiser runs on real memory)."""
+    no initialiser runs on real memory). The launcher's doctor counts them before every launch: arithmetic on a
+    meta tensor (``0.02 * randn``) runs PyTorch's Python meta kernels, which import dynamo, inductor and sympy,
+    3 CPU seconds of a launch. The built-in models draw their initial weights without it, and compute fixed
+    buffers on the CPU (tests/unit/test_models.py holds them to that)."""
     with torch.device("meta"):
         model = build_builtin(specs, cfg)
     return sum(p.numel() for p in model.parameters())

@@ -23,13 +23,14 @@ from train.config import FNOConfig
 from train.model.specs import TaskSpec
 
 PROJECTION_WIDTH = 128
+CPU = torch.device("cpu")
 
 
 def _angles(kept: list[int], n: int) -> torch.Tensor:
     """2 pi k j / N for each kept frequency k (rows) and grid point j (columns), k j reduced mod N exactly (in
     float64: a float32 angle of a large k j loses its low digits)."""
-    k = torch.tensor(kept, dtype=torch.float64)[:, None]
-    j = torch.arange(n, dtype=torch.float64)[None]
+    k = torch.tensor(kept, dtype=torch.float64, device=CPU)[:, None]
+    j = torch.arange(n, dtype=torch.float64, device=CPU)[None]
     return 2 * math.pi * torch.remainder(k * j, n) / n
 
 
@@ -37,16 +38,17 @@ def dft_bases(modes: tuple[int, ...], sizes: tuple[int, ...]) -> list[tuple[torc
     """Per axis, the truncated DFT of the kept frequencies as float32 matrices: (forward cos, forward sin,
     inverse cos, inverse sin), the forward ones (kept, n), the inverse ones (n, kept). Kept: the lowest m and the
     highest m of every axis but the last, the lowest m of the last, where the inverse folds a half spectrum as
-    irfft does (each frequency counts twice, but the mean and, for an even n, the Nyquist frequency)."""
+    irfft does (each frequency counts twice, but the mean and, for an even n, the Nyquist frequency). Computed on
+    the CPU whatever the default device (see train.model.builtin.parameter_count)."""
     kept = [[*range(m), *range(n - m, n)] for m, n in zip(modes[:-1], sizes[:-1], strict=True)]
     kept.append(list(range(modes[-1])))
     bases = []
     for axis, (k, n) in enumerate(zip(kept, sizes, strict=True)):
         theta = _angles(k, n)
         if axis < len(sizes) - 1:
-            scale = torch.full((len(k),), 1.0 / n, dtype=torch.float64)
+            scale = torch.full((len(k),), 1.0 / n, dtype=torch.float64, device=CPU)
         else:
-            scale = torch.tensor([1.0 if f == 0 or 2 * f == n else 2.0 for f in k], dtype=torch.float64) / n
+            scale = torch.tensor([1.0 if f == 0 or 2 * f == n else 2.0 for f in k], dtype=torch.float64, device=CPU) / n
         cos, sin = torch.cos(theta), torch.sin(theta)
         inverse = ((cos * scale[:, None]).T, (sin * scale[:, None]).T)
         bases.append(tuple(t.float().contiguous() for t in (cos, sin, *inverse)))
@@ -95,11 +97,16 @@ class SpectralConv(nn.Module):
         blocks = len(self.corners)
         scale = 1 / (width * width)
         # Complex weights held as (..., 2) real tensors: every optimizer and collective handles real tensors.
-        self.weights = nn.Parameter(scale * torch.rand(blocks, width, width, *modes, 2))
+        # Drawn scaled in place (the values of scale * rand): arithmetic on the meta device, where the doctor counts
+        # parameters, imports dynamo and sympy (train.model.builtin.parameter_count).
+        self.weights = nn.Parameter(torch.empty(blocks, width, width, *modes, 2).uniform_(0, scale))
         self.sizes = tuple(sizes) if sizes is not None else None
         # The DFT matrices of ``sizes``: no buffers (a checkpoint holds the weights alone, and DDP would broadcast
         # every buffer at every forward), moved with the module by _apply.
-        self.bases = dft_bases(self.modes, self.sizes) if self.sizes else None
+        if self.sizes:
+            self.bases = [tuple(m.to(self.weights.device) for m in axis) for axis in dft_bases(self.modes, self.sizes)]
+        else:
+            self.bases = None
 
     def _apply(self, fn, recurse: bool = True):
         module = super()._apply(fn, recurse)

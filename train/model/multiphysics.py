@@ -61,11 +61,13 @@ def geometry(spec: TaskSpec) -> str:
 
 def _positions(grid: tuple[int, ...], patch: int, width: int) -> torch.Tensor:
     """Fixed sinusoids of the patch centres (in [0, 1) per axis, row-major as patchify orders the tokens),
-    zero-padded to ``width``: (tokens, width). As many frequencies per axis as fit (POSITION_FREQUENCIES at most)."""
-    axes = [(torch.arange(n // patch, dtype=torch.float32) + 0.5) * patch / n for n in grid]
+    zero-padded to ``width``: (tokens, width). As many frequencies per axis as fit (POSITION_FREQUENCIES at most).
+    On the CPU whatever the default device: see train.model.builtin.parameter_count."""
+    cpu = torch.device("cpu")
+    axes = [(torch.arange(n // patch, dtype=torch.float32, device=cpu) + 0.5) * patch / n for n in grid]
     centres = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(grid))
     count = max(1, min(POSITION_FREQUENCIES, width // (2 * len(grid))))
-    k = torch.arange(1, count + 1, dtype=torch.float32) * (2 * math.pi)
+    k = torch.arange(1, count + 1, dtype=torch.float32, device=cpu) * (2 * math.pi)
     angles = (centres[..., None] * k).reshape(centres.shape[0], -1)
     features = torch.cat([angles.sin(), angles.cos()], dim=-1)
     return F.pad(features, (0, width - features.shape[-1]))
@@ -147,7 +149,8 @@ class MultiPhysicsSurrogate(nn.Module):
             self.register_buffer(f"positions_{name}", _positions(spec.grid, spec.patch_size, cfg.d_model), False)
         width, e = cfg.d_model, cfg.field_width
         # A field's row: weights of its normalised value, a bias, weights of the sample's mean and log-std of it.
-        self.field_in = nn.Parameter(torch.randn(len(self.vocabulary), 4, e) * 0.02)
+        # (the values of randn * 0.02, drawn without arithmetic: see train.model.builtin.parameter_count)
+        self.field_in = nn.Parameter(torch.normal(0.0, 0.02, size=(len(self.vocabulary), 4, e)))
         self.field_out = nn.Parameter(torch.zeros(len(self.vocabulary), e + 1))
         if cfg.steady_rows:  # a steady task's outputs decoded by rows of their own
             self.field_out_steady = nn.Parameter(torch.zeros(len(self.vocabulary), e + 1))
@@ -156,8 +159,8 @@ class MultiPhysicsSurrogate(nn.Module):
         self.patch_out = nn.ModuleDict(
             {k: nn.Sequential(nn.LayerNorm(width), nn.Linear(width, p**d * e)) for k, (d, p) in sorted(shapes.items())}
         )
-        self.frame = nn.Parameter(torch.randn(cfg.max_frames, width) * 0.02)
-        self.dimension = nn.Parameter(torch.randn(3, width) * 0.02)
+        self.frame = nn.Parameter(torch.normal(0.0, 0.02, size=(cfg.max_frames, width)))
+        self.dimension = nn.Parameter(torch.normal(0.0, 0.02, size=(3, width)))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
 
     def _normalise(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
