@@ -14,3 +14,15 @@ on these (train.launch.stop); Ctrl-C interrupts it as it does any Python program
 was closed (an ssh session dropped)."""
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1")
 """What torchrun's agent passes on to the ranks (then waits dist.shutdown_timeout_s before SIGKILL)."""
+
+EARLY: list[int] = []
+"""Stop signals that arrived before the launcher's handlers were in place (:func:`hold_early`)."""
+
+
+def hold_early() -> None:
+    """The first thing ``python -m train`` does, before its imports (a second or more with torch): a stop signal
+    arriving meanwhile is held, not the default action that kills the launcher with nothing cleaned up (exit 138
+    for SIGUSR1, a job that ends FAILED and is never requeued). train.launch.stop raises it once its own handlers
+    are in place."""
+    for sig in LAUNCHER_STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: EARLY.append(signum))

@@ -71,6 +71,31 @@ def test_a_stop_arriving_as_the_command_exits_leaves_its_exit_code(sig):
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
 
 
+def test_a_stop_arriving_while_the_launcher_starts_ends_the_command_with_75():
+    """SLURM's second delivery of a stop reached an array task requeued a moment before, as its launcher started:
+    the default action killed it (exit 138, the task FAILED, never requeued). The signal is sent here as the
+    command's module begins to import, before the command's handlers are in place."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    code = (
+        "import importlib.abc, os, signal, sys\n"
+        "class StopAtTheCommand(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'train.cli':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "sys.meta_path.insert(0, StopAtTheCommand())\n"
+        "sys.argv = ['train', 'doctor', '--config', 'configs/tiny.yaml']\n"
+        "import train.__main__\n"  # runs the command as `python -m train` does, then exits with its code
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 75, (proc.returncode, proc.stderr[-2000:])
+    assert "stopped by SIGUSR1" in proc.stderr
+
+
 def test_a_stop_raised_inside_a_finalizer_prints_nothing_and_still_ends_the_block(monkeypatch):
     """The signal's handler ran while Python called a weakref's callback (an h5py or numpy object freed
     mid-write): Python swallows that exception and printed it as a traceback under 'Exception ignored', which

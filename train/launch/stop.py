@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from types import FrameType
 
 from train.errors import StopRequested
-from train.stop_signals import LAUNCHER_STOP_SIGNALS
+from train.stop_signals import EARLY, LAUNCHER_STOP_SIGNALS
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
@@ -62,6 +62,8 @@ def stop_on_signals(exiting: bool = False) -> Iterator[None]:
     previous = {sig: signal.signal(sig, _raise_stop) for sig in LAUNCHER_STOP_SIGNALS}
     unraisable, sys.unraisablehook = sys.unraisablehook, _quiet_lost_stop(sys.unraisablehook)
     try:
+        if EARLY:  # held while the launcher started (train.stop_signals.hold_early): stop before anything runs
+            _raise_stop(EARLY.pop(0), None)
         yield
         StopRequested.check()  # a stop whose exception was lost still ends the command with its exit code
     finally:

@@ -62,8 +62,10 @@ unset NODE_RANK{cpu_only}
 # to the ranks: they save a checkpoint and exit with 75.
 pid=""
 interrupted=0
+stopped=0
 forward_usr1() {{
     interrupted=1
+    stopped=1
     echo "received SIGUSR1 (time limit or preemption): forwarding to the ranks"
     if [[ -n $pid ]]; then kill -USR1 "$pid" 2>/dev/null || true; fi
 }}
@@ -80,6 +82,12 @@ while [[ -z $code ]]; do
     wait "$pid" && code=0 || code=$?
     if (( interrupted && code > 128 )); then code=""; fi
 done
+# The signal reached the launcher before it could handle it, while it started (seen: SLURM's second delivery of a
+# stop to an array task requeued a moment before): it died of it with nothing run, a stop like any other.
+if (( stopped && code == 128 + $(kill -l USR1) )); then
+    echo "the launcher was stopped by SIGUSR1 as it started: nothing ran"
+    code=75
+fi
 
 {on_preempted}
 exit "$code"
