@@ -44,7 +44,7 @@ def logged(tmp: Path, step: int) -> bool:
 
 def test_a_run_refuses_to_continue_on_data_changed_since_its_checkpoints(tmp_path):
     assert run_cli("cache", *argv(tmp_path)).returncode == 0
-    long = ["--set", "train.steps_per_epoch=300", "--set", "train.checkpoint_every=10"]
+    long = ["--set", "train.steps_per_epoch=150", "--set", "train.checkpoint_every=10"]  # stopped at step 15
     proc = launch_in_background("fit", *argv(tmp_path, *long))
     wait_for(lambda: logged(tmp_path, 15), "step 15", 240, proc)
     os.killpg(proc.pid, signal.SIGTERM)
