@@ -20,9 +20,9 @@ EARLY: list[int] = []
 
 
 def hold_early() -> None:
-    """The first thing ``python -m train`` does, before its imports (a second or more with torch): a stop signal
-    arriving meanwhile is held, not the default action that kills the launcher with nothing cleaned up (exit 138
-    for SIGUSR1, a job that ends FAILED and is never requeued). train.launch.stop raises it once its own handlers
-    are in place."""
+    """The first thing ``python -m train`` does, before it imports the command line: a stop signal arriving
+    meanwhile is held, not the default action that kills the launcher with nothing cleaned up (exit 138 for
+    SIGUSR1, a job that ends FAILED and is never requeued). train.launch.stop raises it once its own handlers are
+    in place."""
     for sig in LAUNCHER_STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: EARLY.append(signum))

@@ -29,8 +29,8 @@ from train.obs.sinks import read_metrics
 pytestmark = pytest.mark.integration
 
 
-# Every variant but pushforward, whose SIGKILLed rank replays in the data-on-device test below (against the
-# same reference) and whose resume mid-epoch in tests/distributed/test_trainer.py: its own run here took 75 s of CI.
+# Every variant but pushforward: its SIGKILLed rank replays in the data-on-device test below (against the same
+# reference), its resume mid-epoch is tests/distributed/test_trainer.py's, and its own run here took 75 s of CI.
 KILLED_AND_STOPPED = [name for name in VARIANTS if name != "pushforward"]
 
 

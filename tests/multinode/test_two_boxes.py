@@ -369,7 +369,8 @@ def test_a_job_preempted_under_skypilot_resumes_under_kubernetes_from_the_remote
     run section: the launcher places each node from SKYPILOT_*; SIGTERM to one box (a preemption) ends both with
     75 and a checkpoint on the remote. Then the Indexed Job's pods on new boxes (both run folders gone), placed from
     their index and the Service's DNS name: they resume from the remote, bit for bit. One run across both engines:
-    a run belongs to its remote, not to the engine that started it (and each engine's launch costs CI one run)."""
+    a run belongs to its remote, not to the engine that started it (and one run, not one per engine, costs CI half
+    a minute)."""
     remote = tmp_path / "remote"
     at = random.Random().randrange(15, STEPS - 15)
     print(f"skypilot: SIGTERM to box 1 at step {at}")

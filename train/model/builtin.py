@@ -120,7 +120,7 @@ def parameter_count(specs: Mapping[str, TaskSpec], cfg: ModelConfig) -> int:
     no initialiser runs on real memory). The launcher's doctor counts them before every launch: arithmetic on a
     meta tensor (``0.02 * randn``) runs PyTorch's Python meta kernels, which import dynamo, inductor and sympy,
     3 CPU seconds of a launch. The built-in models draw their initial weights without it, and compute fixed
-    buffers on the CPU (tests/unit/test_models.py holds them to that)."""
+    buffers on the CPU (tests/unit/test_preflight.py holds them to that)."""
     with torch.device("meta"):
         model = build_builtin(specs, cfg)
     return sum(p.numel() for p in model.parameters())
