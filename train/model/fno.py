@@ -23,14 +23,13 @@ from train.config import FNOConfig
 from train.model.specs import TaskSpec
 
 PROJECTION_WIDTH = 128
-CPU = torch.device("cpu")
 
 
 def _angles(kept: list[int], n: int) -> torch.Tensor:
     """2 pi k j / N for each kept frequency k (rows) and grid point j (columns), k j reduced mod N exactly (in
     float64: a float32 angle of a large k j loses its low digits)."""
-    k = torch.tensor(kept, dtype=torch.float64, device=CPU)[:, None]
-    j = torch.arange(n, dtype=torch.float64, device=CPU)[None]
+    k = torch.tensor(kept, dtype=torch.float64, device="cpu")[:, None]
+    j = torch.arange(n, dtype=torch.float64, device="cpu")[None]
     return 2 * math.pi * torch.remainder(k * j, n) / n
 
 
@@ -46,9 +45,10 @@ def dft_bases(modes: tuple[int, ...], sizes: tuple[int, ...]) -> list[tuple[torc
     for axis, (k, n) in enumerate(zip(kept, sizes, strict=True)):
         theta = _angles(k, n)
         if axis < len(sizes) - 1:
-            scale = torch.full((len(k),), 1.0 / n, dtype=torch.float64, device=CPU)
+            scale = torch.full((len(k),), 1.0 / n, dtype=torch.float64, device="cpu")
         else:
-            scale = torch.tensor([1.0 if f == 0 or 2 * f == n else 2.0 for f in k], dtype=torch.float64, device=CPU) / n
+            doubled = [1.0 if f == 0 or 2 * f == n else 2.0 for f in k]
+            scale = torch.tensor(doubled, dtype=torch.float64, device="cpu") / n
         cos, sin = torch.cos(theta), torch.sin(theta)
         inverse = ((cos * scale[:, None]).T, (sin * scale[:, None]).T)
         bases.append(tuple(t.float().contiguous() for t in (cos, sin, *inverse)))

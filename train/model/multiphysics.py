@@ -63,11 +63,10 @@ def _positions(grid: tuple[int, ...], patch: int, width: int) -> torch.Tensor:
     """Fixed sinusoids of the patch centres (in [0, 1) per axis, row-major as patchify orders the tokens),
     zero-padded to ``width``: (tokens, width). As many frequencies per axis as fit (POSITION_FREQUENCIES at most).
     On the CPU whatever the default device: see train.model.builtin.parameter_count."""
-    cpu = torch.device("cpu")
-    axes = [(torch.arange(n // patch, dtype=torch.float32, device=cpu) + 0.5) * patch / n for n in grid]
+    axes = [(torch.arange(n // patch, dtype=torch.float32, device="cpu") + 0.5) * patch / n for n in grid]
     centres = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(grid))
     count = max(1, min(POSITION_FREQUENCIES, width // (2 * len(grid))))
-    k = torch.arange(1, count + 1, dtype=torch.float32, device=cpu) * (2 * math.pi)
+    k = torch.arange(1, count + 1, dtype=torch.float32, device="cpu") * (2 * math.pi)
     angles = (centres[..., None] * k).reshape(centres.shape[0], -1)
     features = torch.cat([angles.sin(), angles.cos()], dim=-1)
     return F.pad(features, (0, width - features.shape[-1]))
